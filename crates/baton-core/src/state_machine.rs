@@ -1,0 +1,920 @@
+//! The replicated state machine: a pure function of the log.
+//!
+//! `apply` follows etcd 3.5's applier (`server/etcdserver/apply.go`, `txn.go`): every command
+//! is first *checked* against the state before it, and only then *executed*. Execution cannot
+//! fail, so a failed command never leaves half its writes behind and no rollback is needed.
+//! All writes of one entry go to revision `current + 1`; the revision is bumped at the end if
+//! (and only if) something was written.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::command::{
+    Applied, Command, Compare, CompareResult, CompareTarget, DeleteRangeRequest,
+    DeleteRangeResponse, Entry, KvError, PutRequest, PutResponse, RangeRequest, RangeResponse,
+    RequestOp, Response, ResponseOp, SortOrder, SortTarget, TxnRequest, TxnResponse,
+};
+use crate::crc32::{crc32, Crc32};
+use crate::mvcc::{key_value, visible_at, KeyStore, Live, Version};
+use crate::types::{Event, EventKind, KeyRange, KeyValue, LeaseId, LogIndex, Revision, Term};
+use crate::validate;
+
+/// What the core knows about a lease. Deadlines are not here: the leader keeps them in memory
+/// (keep-alives are not replicated); the core keeps the granted TTL and the last checkpointed
+/// remaining TTL.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseInfo {
+    pub id: LeaseId,
+    pub granted_ttl_s: i64,
+    /// Remaining TTL (ms) as of the last checkpoint, if any was taken.
+    pub checkpoint_remaining_ms: Option<i64>,
+    /// Keys attached to the lease, sorted.
+    pub keys: Vec<Vec<u8>>,
+}
+
+/// Why a snapshot could not be restored.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("snapshot is not decodable: {0}")]
+    Decode(String),
+}
+
+/// Events from the history for a watcher catching up.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistoryBatch {
+    /// Events with `from <= mod_revision`, in revision order; whole revisions only.
+    pub events: Vec<Event>,
+    /// The first revision not covered by this batch (`current + 1` when caught up).
+    pub next: Revision,
+}
+
+/// A lease as stored. The key set is the reverse index of `Live::lease`, kept so revoking a
+/// lease does not scan the store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct LeaseRecord {
+    granted_ttl_s: i64,
+    checkpoint_remaining_ms: Option<i64>,
+    keys: BTreeSet<Vec<u8>>,
+}
+
+/// Revision of the empty store; etcd starts here too, so the first write gets revision 2.
+const FIRST_REVISION: i64 = 1;
+
+/// Snapshot format version, the first byte of every snapshot. Bump it when `SnapshotBody`
+/// changes shape; `restore` refuses versions it does not know instead of misreading them.
+const SNAPSHOT_FORMAT: u8 = 1;
+
+/// Everything `snapshot` writes, borrowed (so snapshotting does not clone the store).
+#[derive(Serialize)]
+struct SnapshotBodyRef<'a> {
+    revision: i64,
+    compact_revision: i64,
+    last_applied: Option<(LogIndex, Term)>,
+    last_time_ms: u64,
+    keys: &'a BTreeMap<Vec<u8>, Vec<Version>>,
+    changes: &'a BTreeMap<i64, Vec<Vec<u8>>>,
+    leases: &'a BTreeMap<LeaseId, LeaseRecord>,
+}
+
+/// The owned twin of `SnapshotBodyRef`; bincode is positional, so the two must list the same
+/// fields in the same order.
+#[derive(Deserialize)]
+struct SnapshotBody {
+    revision: i64,
+    compact_revision: i64,
+    last_applied: Option<(LogIndex, Term)>,
+    last_time_ms: u64,
+    keys: BTreeMap<Vec<u8>, Vec<Version>>,
+    changes: BTreeMap<i64, Vec<Vec<u8>>>,
+    leases: BTreeMap<LeaseId, LeaseRecord>,
+}
+
+/// The whole replicated state. See the crate docs for the invariants.
+#[derive(Debug, Clone)]
+pub struct StateMachine {
+    store: KeyStore,
+    leases: BTreeMap<LeaseId, LeaseRecord>,
+    revision: i64,
+    /// 1 (the empty store) until the first compaction: nothing before it can be lost.
+    compact_revision: i64,
+    /// `None` until the first entry, so an entry at index 0 is accepted once.
+    last_applied: Option<(LogIndex, Term)>,
+    last_time_ms: u64,
+}
+
+impl Default for StateMachine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The per-entry write context: the revision every write of this entry goes to, and the
+/// events in the order they happened.
+struct Writes {
+    rev: i64,
+    events: Vec<Event>,
+}
+
+impl StateMachine {
+    /// An empty store at revision 1 with nothing applied.
+    pub fn new() -> Self {
+        StateMachine {
+            store: KeyStore::default(),
+            leases: BTreeMap::new(),
+            revision: FIRST_REVISION,
+            compact_revision: FIRST_REVISION,
+            last_applied: None,
+            last_time_ms: 0,
+        }
+    }
+
+    /// Applies one log entry. Never fails: domain errors come back as `Response::Error`, and
+    /// such an entry changes nothing (but its index still counts as applied).
+    pub fn apply(&mut self, entry: &Entry) -> Applied {
+        if let Some((index, _)) = self.last_applied {
+            // Applying out of order or twice would silently fork this replica from the others.
+            assert!(
+                entry.index > index,
+                "log entry {} applied after {}",
+                entry.index.0,
+                index.0
+            );
+        }
+        self.last_applied = Some((entry.index, entry.term));
+        self.last_time_ms = self.last_time_ms.max(entry.time_ms);
+
+        let mut w = Writes {
+            rev: self.revision + 1,
+            events: Vec::new(),
+        };
+        let response = match self.apply_command(&entry.command, &mut w) {
+            Ok(r) => r,
+            Err(e) => {
+                assert!(w.events.is_empty(), "a failed command wrote something");
+                Response::Error(e)
+            }
+        };
+        if !w.events.is_empty() {
+            debug_assert!(w.events.iter().all(|e| e.kv.mod_revision.0 == w.rev));
+            self.revision = w.rev;
+        }
+        Applied {
+            revision: Revision(self.revision),
+            response,
+            events: w.events,
+        }
+    }
+
+    fn apply_command(&mut self, cmd: &Command, w: &mut Writes) -> Result<Response, KvError> {
+        validate::validate(cmd)?;
+        match cmd {
+            Command::Noop => Ok(Response::Noop),
+            Command::Put(p) => {
+                // etcd's top-level Put looks the lease up before the key (apply.go `Put`).
+                self.check_put_lease(p)?;
+                self.check_put_key(p)?;
+                Ok(Response::Put(self.exec_put(p, w)))
+            }
+            Command::DeleteRange(d) => Ok(Response::DeleteRange(self.exec_delete(d, w))),
+            Command::Txn(t) => {
+                // Compares of the txn and of every nested txn on the chosen path are evaluated
+                // against the state *before* the txn, as etcd's `compareToPath` does; so are
+                // the per-op checks. Only then does anything get written.
+                let mut path = Vec::new();
+                self.compare_path(t, &mut path);
+                self.check_txn(t, &path, &mut 0)?;
+                Ok(Response::Txn(self.exec_txn(t, &path, &mut 0, w)))
+            }
+            Command::Compact { revision } => {
+                self.compact(revision.0)?;
+                Ok(Response::Compact)
+            }
+            Command::LeaseGrant { id, ttl_s } => {
+                if id.is_none() || self.leases.contains_key(id) {
+                    return Err(KvError::LeaseExists);
+                }
+                self.leases.insert(
+                    *id,
+                    LeaseRecord {
+                        granted_ttl_s: *ttl_s,
+                        checkpoint_remaining_ms: None,
+                        keys: BTreeSet::new(),
+                    },
+                );
+                Ok(Response::LeaseGrant {
+                    id: *id,
+                    ttl_s: *ttl_s,
+                })
+            }
+            Command::LeaseRevoke { id } => {
+                let lease = self.leases.remove(id).ok_or(KvError::LeaseNotFound)?;
+                self.delete_lease_keys(*id, lease, w);
+                Ok(Response::LeaseRevoke)
+            }
+            Command::ExpireLeases { ids } => {
+                let mut expired = Vec::new();
+                for id in ids {
+                    // Unknown (already revoked, or listed twice) ids are ignored: the leader's
+                    // clock may have raced a revoke.
+                    if let Some(lease) = self.leases.remove(id) {
+                        self.delete_lease_keys(*id, lease, w);
+                        expired.push(*id);
+                    }
+                }
+                Ok(Response::ExpireLeases { expired })
+            }
+            Command::LeaseCheckpoint { checkpoints } => {
+                for (id, remaining_ms) in checkpoints {
+                    if let Some(lease) = self.leases.get_mut(id) {
+                        lease.checkpoint_remaining_ms = Some(*remaining_ms);
+                    }
+                }
+                Ok(Response::LeaseCheckpoint)
+            }
+        }
+    }
+
+    /// Stateless checks the server runs before proposing, so bad input is refused without a
+    /// log entry: empty keys, too many txn ops, a key modified twice in one txn, a TTL too
+    /// large. `apply` repeats every check (the log may hold entries from older versions).
+    ///
+    /// Request size (`RequestTooLarge`) is not checked here: only the server knows the
+    /// encoded protobuf size etcd's limit is defined on.
+    pub fn validate(cmd: &Command) -> Result<(), KvError> {
+        validate::validate(cmd)
+    }
+
+    /// A read at the current or a historical revision.
+    pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse, KvError> {
+        if req.range.key.is_empty() {
+            return Err(KvError::EmptyKey);
+        }
+        let at = self.check_read_revision(req.revision)?;
+        Ok(self.range_at(req, at))
+    }
+
+    /// The current store revision.
+    pub fn revision(&self) -> Revision {
+        Revision(self.revision)
+    }
+
+    /// The revision history was compacted at (1 if never).
+    pub fn compact_revision(&self) -> Revision {
+        Revision(self.compact_revision)
+    }
+
+    /// The last log entry applied.
+    pub fn last_applied(&self) -> (LogIndex, Term) {
+        self.last_applied.unwrap_or_default()
+    }
+
+    /// The last `time_ms` seen in an applied entry (0 before any).
+    pub fn last_time_ms(&self) -> u64 {
+        self.last_time_ms
+    }
+
+    pub fn lease(&self, id: LeaseId) -> Option<LeaseInfo> {
+        self.leases.get(&id).map(|l| LeaseInfo {
+            id,
+            granted_ttl_s: l.granted_ttl_s,
+            checkpoint_remaining_ms: l.checkpoint_remaining_ms,
+            keys: l.keys.iter().cloned().collect(),
+        })
+    }
+
+    /// All live leases, ordered by id.
+    pub fn lease_ids(&self) -> Vec<LeaseId> {
+        self.leases.keys().copied().collect()
+    }
+
+    /// Events in `range` with revision `>= from`, at most about `max_events` (a revision is
+    /// never split). `Err(KvError::Compacted)` if `from` is at or below the compact revision
+    /// (and `from` is not past it).
+    ///
+    /// A compaction at `c` keeps the state *as of* `c` but not the changes that led to it
+    /// (a delete at `c` leaves no trace), so events are complete only for revisions `> c`.
+    /// Before any compaction (`c == 1`, the empty store) nothing is lost and `from = 1` is
+    /// fine. `from <= 0` means "everything still retained" (`c + 1`).
+    pub fn history(
+        &self,
+        range: &KeyRange,
+        from: Revision,
+        max_events: usize,
+    ) -> Result<HistoryBatch, KvError> {
+        let compacted = self.compact_revision > FIRST_REVISION;
+        let from = if from.0 <= 0 {
+            self.compact_revision + 1
+        } else {
+            from.0
+        };
+        if compacted && from <= self.compact_revision {
+            return Err(KvError::Compacted);
+        }
+        let caught_up = from.max(self.revision + 1);
+        if from > self.revision {
+            return Ok(HistoryBatch {
+                events: Vec::new(),
+                next: Revision(caught_up),
+            });
+        }
+        let (events, stopped_at) = self.store.events_from(range, from, max_events);
+        Ok(HistoryBatch {
+            events,
+            next: Revision(stopped_at.unwrap_or(caught_up)),
+        })
+    }
+
+    /// Live keys (latest revision).
+    pub fn key_count(&self) -> usize {
+        self.store.live_keys()
+    }
+
+    /// Rough bytes held by keys, values and history, for `dbSize` and metrics: key and value
+    /// lengths of every retained version plus a fixed per-version overhead, and the lease
+    /// table's key sets.
+    pub fn approximate_size_bytes(&self) -> u64 {
+        let leases: u64 = self
+            .leases
+            .values()
+            .map(|l| 64 + l.keys.iter().map(|k| k.len() as u64 + 16).sum::<u64>())
+            .sum();
+        self.store.size_bytes() + leases
+    }
+
+    /// A deterministic hash of the key space at `revision` (0 = current), as etcd's HashKV:
+    /// CRC-32 over every retained version (tombstones included) up to `revision`, plus the
+    /// compact revision. Replicas that applied the same log agree on it; any divergence in
+    /// keys, values, revisions, versions or leases changes it.
+    pub fn hash_kv(&self, revision: i64) -> Result<u32, KvError> {
+        let at = self.check_read_revision(revision)?;
+        let mut crc = Crc32::new();
+        crc.update_i64(self.compact_revision);
+        self.store.hash_into(&mut crc, at);
+        Ok(crc.finish())
+    }
+
+    /// Serializes the whole state (including history and last applied index).
+    ///
+    /// Format: one format byte, the CRC-32 of the body (little endian), then the bincode body.
+    /// The checksum lets `restore` tell a damaged snapshot from a valid one instead of
+    /// trusting whatever bincode manages to decode.
+    pub fn snapshot(&self) -> Vec<u8> {
+        let body = SnapshotBodyRef {
+            revision: self.revision,
+            compact_revision: self.compact_revision,
+            last_applied: self.last_applied,
+            last_time_ms: self.last_time_ms,
+            keys: self.store.keys(),
+            changes: self.store.changes(),
+            leases: &self.leases,
+        };
+        let payload = bincode::serialize(&body).expect("in-memory state always serializes");
+        let mut out = Vec::with_capacity(payload.len() + 5);
+        out.push(SNAPSHOT_FORMAT);
+        out.extend_from_slice(&crc32(&payload).to_le_bytes());
+        out.extend_from_slice(&payload);
+        out
+    }
+
+    /// Inverse of `snapshot`.
+    pub fn restore(bytes: &[u8]) -> Result<Self, SnapshotError> {
+        let err = |m: String| SnapshotError::Decode(m);
+        let (&format, rest) = bytes
+            .split_first()
+            .ok_or_else(|| err("empty snapshot".into()))?;
+        if format != SNAPSHOT_FORMAT {
+            return Err(err(format!("unknown snapshot format {format}")));
+        }
+        if rest.len() < 4 {
+            return Err(err("truncated snapshot header".into()));
+        }
+        let (sum, payload) = rest.split_at(4);
+        let sum = u32::from_le_bytes(sum.try_into().expect("4 bytes"));
+        if crc32(payload) != sum {
+            return Err(err("snapshot checksum mismatch".into()));
+        }
+        let body: SnapshotBody = bincode::deserialize(payload).map_err(|e| err(e.to_string()))?;
+        let sm = StateMachine {
+            store: KeyStore::from_parts(body.keys, body.changes),
+            leases: body.leases,
+            revision: body.revision,
+            compact_revision: body.compact_revision,
+            last_applied: body.last_applied,
+            last_time_ms: body.last_time_ms,
+        };
+        sm.check_invariants().map_err(err)?;
+        Ok(sm)
+    }
+
+    /// Verifies the internal invariants (revision order of every key's versions, the change
+    /// index, compaction, lease key sets matching the store). `O(size of the store)`: meant
+    /// for tests, the simulator and `restore` (the checksum catches damage; this catches a
+    /// well-formed snapshot of a broken state), not for the apply path.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        if self.revision < FIRST_REVISION
+            || self.compact_revision < FIRST_REVISION
+            || self.compact_revision > self.revision
+        {
+            return Err("impossible revisions".into());
+        }
+        self.store
+            .check_invariants(self.revision, self.compact_revision)?;
+        let mut attached = 0;
+        for (id, lease) in &self.leases {
+            if id.is_none() {
+                return Err("lease id 0 in the lease table".into());
+            }
+            for key in &lease.keys {
+                match self.store.latest(key) {
+                    Some((_, live)) if live.lease == id.0 => attached += 1,
+                    _ => return Err("lease key set out of sync with the store".into()),
+                }
+            }
+        }
+        let with_lease = self
+            .store
+            .keys()
+            .values()
+            .filter_map(|vs| vs.last()?.live.as_ref())
+            .filter(|l| l.lease != 0)
+            .count();
+        if with_lease != attached {
+            return Err("a live key names a lease that does not list it".into());
+        }
+        Ok(())
+    }
+
+    // ---- reads -------------------------------------------------------------------------
+
+    /// Resolves a requested read revision (`<= 0` = current) and refuses the future and the
+    /// compacted past. `revision == compact_revision` is readable: compaction keeps that state.
+    fn check_read_revision(&self, revision: i64) -> Result<i64, KvError> {
+        let at = if revision <= 0 {
+            self.revision
+        } else {
+            revision
+        };
+        if at > self.revision {
+            return Err(KvError::FutureRevision);
+        }
+        if at < self.compact_revision {
+            return Err(KvError::Compacted);
+        }
+        Ok(at)
+    }
+
+    /// etcd's `Range` (apply.go) over the state at `at`, which the caller has checked.
+    ///
+    /// Mirrors etcd exactly, including a quirk: only an explicit sort order or a min/max
+    /// filter makes it fetch everything before truncating. A non-key `sort_target` with
+    /// `sort_order = None` sorts ascending, but only the first `limit + 1` keys in key order
+    /// (what etcd does). Ties in the sort target keep key order in both directions (Go's sort
+    /// is unstable there; a replicated state machine cannot be).
+    fn range_at(&self, req: &RangeRequest, at: i64) -> RangeResponse {
+        let fetch_all = req.sort_order != SortOrder::None
+            || req.min_mod_revision != 0
+            || req.max_mod_revision != 0
+            || req.min_create_revision != 0
+            || req.max_create_revision != 0;
+        let fetch_limit = if fetch_all || req.limit <= 0 {
+            usize::MAX
+        } else {
+            usize::try_from(req.limit)
+                .unwrap_or(usize::MAX)
+                .saturating_add(1)
+        };
+
+        let mut count: i64 = 0;
+        let mut kvs: Vec<KeyValue> = Vec::new();
+        for (key, versions) in self.store.range(&req.range) {
+            let Some((v, live)) = visible_at(versions, at) else {
+                continue;
+            };
+            count += 1;
+            if req.count_only || kvs.len() >= fetch_limit {
+                continue;
+            }
+            let mut kv = KeyValue {
+                key: key.clone(),
+                create_revision: Revision(live.create_revision),
+                mod_revision: Revision(v.mod_revision),
+                version: live.version,
+                value: Vec::new(),
+                lease: LeaseId(live.lease),
+            };
+            // keys_only clears values only after sorting (etcd), so sorting by value
+            // still needs them; otherwise do not copy them at all.
+            if !req.keys_only || req.sort_target == SortTarget::Value {
+                kv.value = live.value.clone();
+            }
+            kvs.push(kv);
+        }
+
+        kvs.retain(|kv| {
+            (req.max_mod_revision == 0 || kv.mod_revision.0 <= req.max_mod_revision)
+                && (req.min_mod_revision == 0 || kv.mod_revision.0 >= req.min_mod_revision)
+                && (req.max_create_revision == 0 || kv.create_revision.0 <= req.max_create_revision)
+                && (req.min_create_revision == 0 || kv.create_revision.0 >= req.min_create_revision)
+        });
+
+        let order = match (req.sort_target, req.sort_order) {
+            (SortTarget::Key, SortOrder::None | SortOrder::Ascend) => SortOrder::None,
+            (_, SortOrder::None) => SortOrder::Ascend,
+            (_, o) => o,
+        };
+        if order != SortOrder::None {
+            let target = req.sort_target;
+            let cmp = |a: &KeyValue, b: &KeyValue| -> Ordering {
+                match target {
+                    SortTarget::Key => a.key.cmp(&b.key),
+                    SortTarget::Version => a.version.cmp(&b.version),
+                    SortTarget::Create => a.create_revision.cmp(&b.create_revision),
+                    SortTarget::Mod => a.mod_revision.cmp(&b.mod_revision),
+                    SortTarget::Value => a.value.cmp(&b.value),
+                }
+            };
+            if order == SortOrder::Descend {
+                kvs.sort_by(|a, b| cmp(b, a));
+            } else {
+                kvs.sort_by(cmp);
+            }
+        }
+
+        let mut more = false;
+        if req.limit > 0 {
+            let limit = usize::try_from(req.limit).unwrap_or(usize::MAX);
+            if kvs.len() > limit {
+                kvs.truncate(limit);
+                more = true;
+            }
+        }
+        if req.keys_only {
+            kvs.iter_mut().for_each(|kv| kv.value.clear());
+        }
+        RangeResponse { kvs, more, count }
+    }
+
+    /// etcd's `applyCompare`: every key of the range must satisfy the compare; a range with
+    /// no keys compares as one all-zero key, except for `Value`, which then always fails
+    /// (there is no way to tell a missing value from an empty one).
+    fn compare(&self, c: &Compare) -> bool {
+        let at = self.revision;
+        let mut any = false;
+        for (key, versions) in self.store.range(&c.range) {
+            let Some((v, live)) = visible_at(versions, at) else {
+                continue;
+            };
+            any = true;
+            if !compare_kv(c, &key_value(key, v.mod_revision, live)) {
+                return false;
+            }
+        }
+        if any {
+            return true;
+        }
+        if matches!(c.target, CompareTarget::Value(_)) {
+            return false;
+        }
+        compare_kv(c, &KeyValue::default())
+    }
+
+    /// etcd's `compareToPath`: the compare outcome of this txn, then of each nested txn on the
+    /// chosen branch, depth first. Consumed in the same order by `check_txn` and `exec_txn`.
+    fn compare_path(&self, t: &TxnRequest, path: &mut Vec<bool>) {
+        let ok = t.compare.iter().all(|c| self.compare(c));
+        path.push(ok);
+        let ops = if ok { &t.success } else { &t.failure };
+        for op in ops {
+            if let RequestOp::Txn(nested) = op {
+                self.compare_path(nested, path);
+            }
+        }
+    }
+
+    // ---- checks (against the state before the entry; nothing is written yet) -----------
+
+    fn check_put_lease(&self, p: &PutRequest) -> Result<(), KvError> {
+        // With `ignore_lease` the request's lease is not used, so it need not exist.
+        if !p.ignore_lease && !p.lease.is_none() && !self.leases.contains_key(&p.lease) {
+            return Err(KvError::LeaseNotFound);
+        }
+        Ok(())
+    }
+
+    fn check_put_key(&self, p: &PutRequest) -> Result<(), KvError> {
+        if (p.ignore_value || p.ignore_lease) && self.store.latest(&p.key).is_none() {
+            return Err(KvError::KeyNotFound);
+        }
+        Ok(())
+    }
+
+    /// etcd's `checkTxn`: the ops on the chosen path, in order. Checking against the state
+    /// before the txn is exact because validation forbids a put on a key the same txn
+    /// deletes or puts, so an earlier op can never change the outcome of a later check.
+    fn check_txn(&self, t: &TxnRequest, path: &[bool], cursor: &mut usize) -> Result<(), KvError> {
+        let ok = path[*cursor];
+        *cursor += 1;
+        let ops = if ok { &t.success } else { &t.failure };
+        for op in ops {
+            match op {
+                RequestOp::Range(r) => {
+                    if r.revision > 0 {
+                        self.check_read_revision(r.revision)?;
+                    }
+                }
+                RequestOp::Put(p) => {
+                    // In a txn etcd checks the key before the lease (`checkPut`).
+                    self.check_put_key(p)?;
+                    self.check_put_lease(p)?;
+                }
+                RequestOp::DeleteRange(_) => {}
+                RequestOp::Txn(nested) => self.check_txn(nested, path, cursor)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn compact(&mut self, revision: i64) -> Result<(), KvError> {
+        if revision > self.revision {
+            return Err(KvError::FutureRevision);
+        }
+        if revision <= self.compact_revision {
+            return Err(KvError::Compacted);
+        }
+        self.store.compact(revision);
+        self.compact_revision = revision;
+        Ok(())
+    }
+
+    // ---- execution (cannot fail: everything was checked) -------------------------------
+
+    fn exec_txn(
+        &mut self,
+        t: &TxnRequest,
+        path: &[bool],
+        cursor: &mut usize,
+        w: &mut Writes,
+    ) -> TxnResponse {
+        let succeeded = path[*cursor];
+        *cursor += 1;
+        let ops = if succeeded { &t.success } else { &t.failure };
+        let mut responses = Vec::with_capacity(ops.len());
+        for op in ops {
+            let resp = match op {
+                RequestOp::Range(r) => {
+                    // Latest = including this txn's earlier writes (they are already in the
+                    // store at `w.rev`); an explicit revision was checked against the state
+                    // before the txn, so it can only see the past.
+                    let at = if r.revision <= 0 { w.rev } else { r.revision };
+                    ResponseOp::Range(self.range_at(r, at))
+                }
+                RequestOp::Put(p) => ResponseOp::Put(self.exec_put(p, w)),
+                RequestOp::DeleteRange(d) => ResponseOp::DeleteRange(self.exec_delete(d, w)),
+                RequestOp::Txn(nested) => ResponseOp::Txn(self.exec_txn(nested, path, cursor, w)),
+            };
+            responses.push(resp);
+        }
+        TxnResponse {
+            succeeded,
+            responses,
+        }
+    }
+
+    fn exec_put(&mut self, p: &PutRequest, w: &mut Writes) -> PutResponse {
+        let prev = self
+            .store
+            .latest(&p.key)
+            .map(|(m, live)| key_value(&p.key, m, live));
+        let value = match (&prev, p.ignore_value) {
+            (Some(prev), true) => prev.value.clone(),
+            _ => p.value.clone(),
+        };
+        let lease = match (&prev, p.ignore_lease) {
+            (Some(prev), true) => prev.lease,
+            _ => p.lease,
+        };
+        let (create_revision, version) = match &prev {
+            Some(prev) => (prev.create_revision.0, prev.version + 1),
+            None => (w.rev, 1),
+        };
+        if let Some(prev) = &prev {
+            self.detach(prev.lease, &p.key);
+        }
+        if !lease.is_none() {
+            let record = self
+                .leases
+                .get_mut(&lease)
+                .expect("put's lease was checked to exist");
+            record.keys.insert(p.key.clone());
+        }
+        let live = Live {
+            create_revision,
+            version,
+            lease: lease.0,
+            value,
+        };
+        let kv = key_value(&p.key, w.rev, &live);
+        self.store.put(&p.key, w.rev, live);
+        w.events.push(Event {
+            kind: EventKind::Put,
+            kv,
+            prev_kv: prev.clone(),
+        });
+        PutResponse {
+            prev_kv: if p.prev_kv { prev } else { None },
+        }
+    }
+
+    fn exec_delete(&mut self, d: &DeleteRangeRequest, w: &mut Writes) -> DeleteRangeResponse {
+        let doomed: Vec<KeyValue> = self
+            .store
+            .range(&d.range)
+            .filter_map(|(k, vs)| {
+                let v = vs.last()?;
+                v.live.as_ref().map(|l| key_value(k, v.mod_revision, l))
+            })
+            .collect();
+        for kv in &doomed {
+            self.delete_key(kv.clone(), w);
+        }
+        DeleteRangeResponse {
+            deleted: doomed.len() as i64,
+            prev_kvs: if d.prev_kv { doomed } else { Vec::new() },
+        }
+    }
+
+    /// Tombstones one live key at `w.rev` and records its delete event.
+    fn delete_key(&mut self, prev: KeyValue, w: &mut Writes) {
+        self.detach(prev.lease, &prev.key);
+        self.store.delete(&prev.key, w.rev);
+        w.events.push(Event {
+            kind: EventKind::Delete,
+            kv: KeyValue {
+                key: prev.key.clone(),
+                mod_revision: Revision(w.rev),
+                ..KeyValue::default()
+            },
+            prev_kv: Some(prev),
+        });
+    }
+
+    /// Deletes every key of a lease that has just been removed from the table, in key order
+    /// (etcd sorts them too), all at `w.rev`.
+    fn delete_lease_keys(&mut self, id: LeaseId, lease: LeaseRecord, w: &mut Writes) {
+        for key in lease.keys {
+            let (m, live) = self
+                .store
+                .latest(&key)
+                .expect("a lease lists only live keys");
+            assert_eq!(live.lease, id.0, "lease key set out of sync with the store");
+            let prev = key_value(&key, m, live);
+            self.delete_key(prev, w);
+        }
+    }
+
+    fn detach(&mut self, lease: LeaseId, key: &[u8]) {
+        if lease.is_none() {
+            return;
+        }
+        // The lease may already be gone when its own keys are being deleted.
+        if let Some(record) = self.leases.get_mut(&lease) {
+            record.keys.remove(key);
+        }
+    }
+}
+
+/// etcd's `compareKV`.
+fn compare_kv(c: &Compare, kv: &KeyValue) -> bool {
+    let ord = match &c.target {
+        CompareTarget::Version(v) => kv.version.cmp(v),
+        CompareTarget::Create(v) => kv.create_revision.0.cmp(v),
+        CompareTarget::Mod(v) => kv.mod_revision.0.cmp(v),
+        CompareTarget::Value(v) => kv.value.as_slice().cmp(v.as_slice()),
+        CompareTarget::Lease(v) => kv.lease.0.cmp(v),
+    };
+    match c.result {
+        CompareResult::Equal => ord == Ordering::Equal,
+        CompareResult::NotEqual => ord != Ordering::Equal,
+        CompareResult::Greater => ord == Ordering::Greater,
+        CompareResult::Less => ord == Ordering::Less,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(index: u64, command: Command) -> Entry {
+        Entry {
+            index: LogIndex(index),
+            term: Term(1),
+            time_ms: index * 10,
+            command,
+        }
+    }
+
+    fn put(key: &str, value: &str) -> Command {
+        Command::Put(PutRequest {
+            key: key.into(),
+            value: value.into(),
+            ..PutRequest::default()
+        })
+    }
+
+    #[test]
+    fn empty_store_is_at_revision_one() {
+        let sm = StateMachine::new();
+        assert_eq!(sm.revision(), Revision(1));
+        assert_eq!(sm.compact_revision(), Revision(1));
+        assert_eq!(sm.last_applied(), (LogIndex(0), Term(0)));
+        assert_eq!(sm.key_count(), 0);
+        assert_eq!(StateMachine::default().revision(), Revision(1));
+    }
+
+    #[test]
+    #[should_panic(expected = "applied after")]
+    fn out_of_order_apply_panics() {
+        let mut sm = StateMachine::new();
+        sm.apply(&entry(5, Command::Noop));
+        sm.apply(&entry(5, Command::Noop));
+    }
+
+    #[test]
+    fn index_zero_is_accepted_once_at_the_start() {
+        let mut sm = StateMachine::new();
+        sm.apply(&entry(0, Command::Noop));
+        sm.apply(&entry(1, Command::Noop));
+        assert_eq!(sm.last_applied(), (LogIndex(1), Term(1)));
+        assert_eq!(sm.last_time_ms(), 10);
+    }
+
+    #[test]
+    fn restore_rejects_garbage_and_damage() {
+        assert!(StateMachine::restore(&[]).is_err());
+        assert!(StateMachine::restore(&[1, 2, 3]).is_err());
+        assert!(StateMachine::restore(&[9; 64]).is_err());
+        let mut sm = StateMachine::new();
+        sm.apply(&entry(1, put("a", "1")));
+        let snap = sm.snapshot();
+        for i in 0..snap.len() {
+            let mut bad = snap.clone();
+            bad[i] ^= 0x40;
+            assert!(StateMachine::restore(&bad).is_err(), "flip at byte {i}");
+        }
+        assert!(StateMachine::restore(&snap[..snap.len() - 1]).is_err());
+        let restored = StateMachine::restore(&snap).expect("valid snapshot");
+        assert_eq!(restored.snapshot(), snap);
+    }
+
+    #[test]
+    fn restore_rejects_a_consistent_checksum_over_an_inconsistent_state() {
+        let mut sm = StateMachine::new();
+        sm.apply(&entry(1, put("a", "1")));
+        // Claim a revision older than the data.
+        sm.revision = 1;
+        assert!(StateMachine::restore(&sm.snapshot()).is_err());
+    }
+
+    #[test]
+    fn hash_kv_tracks_content_and_revision() {
+        let mut a = StateMachine::new();
+        let mut b = StateMachine::new();
+        a.apply(&entry(1, put("k", "v1")));
+        b.apply(&entry(1, put("k", "v2")));
+        assert_ne!(a.hash_kv(0), b.hash_kv(0));
+        let h2 = a.hash_kv(0).expect("current");
+        a.apply(&entry(2, put("k", "v3")));
+        assert_eq!(a.hash_kv(2), Ok(h2), "hash at a past revision is stable");
+        assert_ne!(a.hash_kv(0), Ok(h2));
+        assert_eq!(a.hash_kv(9), Err(KvError::FutureRevision));
+        a.apply(&entry(
+            3,
+            Command::Compact {
+                revision: Revision(3),
+            },
+        ));
+        assert_eq!(a.hash_kv(2), Err(KvError::Compacted));
+        let restored = StateMachine::restore(&a.snapshot()).expect("restore");
+        assert_eq!(restored.hash_kv(0), a.hash_kv(0));
+    }
+
+    #[test]
+    fn size_grows_with_history_and_shrinks_with_compaction() {
+        let mut sm = StateMachine::new();
+        assert_eq!(sm.approximate_size_bytes(), 0);
+        sm.apply(&entry(1, put("key", &"x".repeat(1000))));
+        let one = sm.approximate_size_bytes();
+        assert!(one >= 1003);
+        sm.apply(&entry(2, put("key", &"y".repeat(1000))));
+        assert!(sm.approximate_size_bytes() >= 2 * 1003);
+        sm.apply(&entry(
+            3,
+            Command::Compact {
+                revision: Revision(3),
+            },
+        ));
+        assert_eq!(sm.approximate_size_bytes(), one);
+    }
+}

@@ -1,0 +1,92 @@
+//! Newtypes and plain data shared by the whole state machine.
+//!
+//! Revisions, lease ids and log positions are distinct types so that a lease id can never be
+//! passed where a revision is expected; the wire layer converts to and from etcd's `int64`s.
+
+use serde::{Deserialize, Serialize};
+
+/// The store's global revision. Every mutating request that changes something gets exactly one.
+/// Revision 1 is the empty store (etcd starts there too), so the first write gets revision 2.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+pub struct Revision(pub i64);
+
+/// A lease id. `LeaseId(0)` means "no lease" on the etcd wire and is never granted.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+pub struct LeaseId(pub i64);
+
+impl LeaseId {
+    /// The "no lease" value of the etcd API.
+    pub const NONE: LeaseId = LeaseId(0);
+    /// True for `LeaseId::NONE`.
+    pub fn is_none(self) -> bool {
+        self.0 == 0
+    }
+}
+
+/// Position of an entry in the replicated log.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+pub struct LogIndex(pub u64);
+
+/// A Raft term.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+pub struct Term(pub u64);
+
+/// One version of a key, as etcd's `mvccpb.KeyValue`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct KeyValue {
+    pub key: Vec<u8>,
+    pub create_revision: Revision,
+    pub mod_revision: Revision,
+    /// 1 on creation, +1 per modification; 0 only in a delete event's `kv`.
+    pub version: i64,
+    pub value: Vec<u8>,
+    pub lease: LeaseId,
+}
+
+/// Kind of a change, as etcd's `mvccpb.Event.EventType`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EventKind {
+    Put,
+    Delete,
+}
+
+/// One change to one key at one revision. A delete's `kv` carries the key and
+/// `mod_revision` = the delete revision (other fields zero), as etcd does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    pub kind: EventKind,
+    pub kv: KeyValue,
+    /// The previous version of the key, when there was one (filled always by the core; the
+    /// watch layer strips it for watchers that did not ask for `prev_kv`).
+    pub prev_kv: Option<KeyValue>,
+}
+
+/// A half-open key interval `[key, range_end)` with etcd's conventions:
+/// empty `range_end` = the single key; `range_end == [0]` = every key `>= key`;
+/// `key == [0] && range_end == [0]` = every key.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct KeyRange {
+    pub key: Vec<u8>,
+    pub range_end: Vec<u8>,
+}
+
+impl KeyRange {
+    /// Whether `k` lies in this range under etcd's conventions.
+    pub fn contains(&self, k: &[u8]) -> bool {
+        if self.range_end.is_empty() {
+            return k == self.key.as_slice();
+        }
+        if self.range_end.as_slice() == [0] {
+            return k >= self.key.as_slice();
+        }
+        k >= self.key.as_slice() && k < self.range_end.as_slice()
+    }
+}

@@ -1,0 +1,326 @@
+//! The leader's lease clock: when each lease expires, in this process's monotonic time.
+//!
+//! Keep-alives are not replicated (DESIGN §3, etcd's choice: each would cost an fsync), so
+//! deadlines live only here. The replicated state knows each lease's granted TTL (and its last
+//! checkpointed remaining TTL); a new leader rebuilds deadlines from it, extended by the
+//! election timeout so that leader changes never shorten a lease. Expiry itself is a log entry
+//! (`Command::ExpireLeases`) proposed when a deadline passes: the state machine never reads a
+//! clock.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use baton_core::{Command, LeaseId, Response, StateMachine};
+
+#[derive(Debug, Clone, Copy)]
+struct Tracked {
+    /// `None`: further away than `Instant` can represent (TTLs go up to 285 years).
+    deadline: Option<Instant>,
+    granted_ttl_s: i64,
+    /// The replicated state holds a checkpointed remaining TTL below the granted TTL. A renewal
+    /// must then reset it through the log, or a later leader would trust the stale, shorter
+    /// value and expire a lease its client kept alive (etcd does the same on renew).
+    checkpointed: bool,
+}
+
+impl Tracked {
+    fn new(deadline: Option<Instant>, granted_ttl_s: i64) -> Self {
+        Tracked {
+            deadline,
+            granted_ttl_s,
+            checkpointed: false,
+        }
+    }
+}
+
+/// What a keep-alive did on the clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Renewal {
+    pub(crate) granted_ttl_s: i64,
+    /// The caller must propose a checkpoint resetting the remaining TTL to the full TTL (and
+    /// call `checkpoint_reset_failed` if that proposal fails).
+    pub(crate) reset_checkpoint: bool,
+}
+
+fn deadline_after(now: Instant, d: Duration) -> Option<Instant> {
+    now.checked_add(d)
+}
+
+fn secs(ttl_s: i64) -> Duration {
+    Duration::from_secs(ttl_s.max(0) as u64)
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct LeaseClock {
+    leases: HashMap<LeaseId, Tracked>,
+    /// Leases whose `ExpireLeases` proposal is in flight: not proposed again, and keep-alives
+    /// for them answer "not found" (the lease is going away; renewing it would be a lie).
+    expiring: HashSet<LeaseId>,
+    /// The term in which this node, as leader, rebuilt the deadlines from the state machine.
+    /// Until then (`!= current term`) nothing is expired: the deadlines may be stale.
+    ready_term: Option<u64>,
+}
+
+impl LeaseClock {
+    pub(crate) fn ready_term(&self) -> Option<u64> {
+        self.ready_term
+    }
+
+    /// Keeps the clock in step with what the log did. Runs on every replica (cheap), so a
+    /// replica that becomes leader only has to extend, not discover.
+    pub(crate) fn on_applied(&mut self, command: &Command, response: &Response, now: Instant) {
+        match (command, response) {
+            (_, Response::LeaseGrant { id, ttl_s }) => {
+                self.leases
+                    .insert(*id, Tracked::new(deadline_after(now, secs(*ttl_s)), *ttl_s));
+            }
+            (Command::LeaseCheckpoint { checkpoints }, _) => {
+                for (id, remaining_ms) in checkpoints {
+                    if let Some(t) = self.leases.get_mut(id) {
+                        t.checkpointed = *remaining_ms < t.granted_ttl_s.saturating_mul(1000);
+                    }
+                }
+            }
+            (Command::LeaseRevoke { id }, _) => {
+                self.leases.remove(id);
+            }
+            (Command::ExpireLeases { ids }, _) => {
+                for id in ids {
+                    self.leases.remove(id);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Rebuilds every deadline on becoming leader: `now + remaining (checkpointed, else the
+    /// granted TTL) + extension`. The extension (the election timeout) covers the time clients
+    /// could not reach any leader to renew.
+    pub(crate) fn rebuild(
+        &mut self,
+        sm: &StateMachine,
+        now: Instant,
+        extension: Duration,
+        term: u64,
+    ) {
+        self.leases.clear();
+        self.expiring.clear();
+        for id in sm.lease_ids() {
+            let Some(info) = sm.lease(id) else { continue };
+            let remaining = match info.checkpoint_remaining_ms {
+                Some(ms) => Duration::from_millis(ms.max(0) as u64),
+                None => secs(info.granted_ttl_s),
+            };
+            let deadline = remaining
+                .checked_add(extension)
+                .and_then(|d| deadline_after(now, d));
+            let mut t = Tracked::new(deadline, info.granted_ttl_s);
+            t.checkpointed = info
+                .checkpoint_remaining_ms
+                .is_some_and(|ms| ms < info.granted_ttl_s.saturating_mul(1000));
+            self.leases.insert(id, t);
+        }
+        self.ready_term = Some(term);
+    }
+
+    /// Forgets leadership (on stepping down): a later term must rebuild.
+    pub(crate) fn step_down(&mut self) {
+        self.ready_term = None;
+    }
+
+    /// Renews a lease; `None` if unknown or being expired.
+    pub(crate) fn keep_alive(&mut self, id: LeaseId, now: Instant) -> Option<Renewal> {
+        if self.expiring.contains(&id) {
+            return None;
+        }
+        let t = self.leases.get_mut(&id)?;
+        t.deadline = deadline_after(now, secs(t.granted_ttl_s));
+        // Reset at most once per stale checkpoint: assume the reset lands.
+        let reset_checkpoint = std::mem::replace(&mut t.checkpointed, false);
+        Some(Renewal {
+            granted_ttl_s: t.granted_ttl_s,
+            reset_checkpoint,
+        })
+    }
+
+    /// The checkpoint reset for `id` was not committed; the next renewal retries it.
+    pub(crate) fn checkpoint_reset_failed(&mut self, id: LeaseId) {
+        if let Some(t) = self.leases.get_mut(&id) {
+            t.checkpointed = true;
+        }
+    }
+
+    /// Starts tracking a lease the clock did not know (a keep-alive arriving before the
+    /// post-election rebuild); `now + granted TTL`. Returns the renewal like `keep_alive`.
+    pub(crate) fn track(
+        &mut self,
+        id: LeaseId,
+        info: &baton_core::LeaseInfo,
+        now: Instant,
+    ) -> Renewal {
+        let ttl = info.granted_ttl_s;
+        let t = Tracked::new(deadline_after(now, secs(ttl)), ttl);
+        let reset_checkpoint = info
+            .checkpoint_remaining_ms
+            .is_some_and(|ms| ms < ttl.saturating_mul(1000));
+        self.leases.insert(id, t);
+        Renewal {
+            granted_ttl_s: ttl,
+            reset_checkpoint,
+        }
+    }
+
+    /// Remaining TTL in whole seconds as etcd reports it: truncated
+    /// (`int64(l.Remaining().Seconds())` in etcd's lessor), never negative, never above the
+    /// granted TTL (a new leader's extension is not shown as a longer lease).
+    pub(crate) fn remaining_s(&self, id: LeaseId, now: Instant) -> Option<i64> {
+        let t = self.leases.get(&id)?;
+        let remaining = match t.deadline {
+            None => return Some(t.granted_ttl_s),
+            Some(d) => d.saturating_duration_since(now),
+        };
+        Some((remaining.as_secs() as i64).min(t.granted_ttl_s).max(0))
+    }
+
+    /// Up to `max` leases past their deadline and not already being expired, marked as being
+    /// expired. Ordered by id so a backlog is worked through deterministically.
+    pub(crate) fn take_expired(&mut self, now: Instant, max: usize) -> Vec<LeaseId> {
+        let mut ids: Vec<LeaseId> = self
+            .leases
+            .iter()
+            .filter(|(id, t)| t.deadline.is_some_and(|d| d <= now) && !self.expiring.contains(id))
+            .map(|(id, _)| *id)
+            .collect();
+        ids.sort_unstable();
+        ids.truncate(max);
+        self.expiring.extend(ids.iter().copied());
+        ids
+    }
+
+    /// The `ExpireLeases` proposal for `ids` finished (either way). On success `on_applied`
+    /// already removed them; on failure they stay tracked and are retried next tick.
+    pub(crate) fn finish_expiring(&mut self, ids: &[LeaseId]) {
+        for id in ids {
+            self.expiring.remove(id);
+        }
+    }
+
+    /// `(id, remaining ms)` for leases granted more than `min_ttl_s`, for a `LeaseCheckpoint`
+    /// entry. Short leases are skipped: a new leader renewing them in full costs at most their
+    /// short TTL.
+    pub(crate) fn checkpoints(&self, now: Instant, min_ttl_s: i64) -> Vec<(LeaseId, i64)> {
+        let mut out: Vec<(LeaseId, i64)> = self
+            .leases
+            .iter()
+            .filter(|(id, t)| t.granted_ttl_s > min_ttl_s && !self.expiring.contains(id))
+            .filter_map(|(id, t)| {
+                let d = t.deadline?;
+                Some((
+                    *id,
+                    d.saturating_duration_since(now)
+                        .as_millis()
+                        .min(i64::MAX as u128) as i64,
+                ))
+            })
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    pub(crate) fn contains(&self, id: LeaseId) -> bool {
+        self.leases.contains_key(&id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grant_renew_expire() {
+        let mut c = LeaseClock::default();
+        let t0 = Instant::now();
+        let id = LeaseId(7);
+        c.on_applied(
+            &Command::LeaseGrant { id, ttl_s: 10 },
+            &Response::LeaseGrant { id, ttl_s: 10 },
+            t0,
+        );
+        assert_eq!(c.remaining_s(id, t0), Some(10));
+        assert_eq!(c.remaining_s(id, t0 + Duration::from_millis(1)), Some(9));
+        assert!(c.take_expired(t0 + Duration::from_secs(9), 10).is_empty());
+        assert_eq!(
+            c.keep_alive(id, t0 + Duration::from_secs(9)),
+            Some(Renewal {
+                granted_ttl_s: 10,
+                reset_checkpoint: false
+            })
+        );
+        assert!(c.take_expired(t0 + Duration::from_secs(11), 10).is_empty());
+        let later = t0 + Duration::from_secs(20);
+        assert_eq!(c.take_expired(later, 10), vec![id]);
+        // In flight: not proposed twice, and not renewable.
+        assert!(c.take_expired(later, 10).is_empty());
+        assert_eq!(c.keep_alive(id, later), None);
+        assert_eq!(c.remaining_s(id, later), Some(0));
+        c.on_applied(
+            &Command::ExpireLeases { ids: vec![id] },
+            &Response::ExpireLeases { expired: vec![id] },
+            later,
+        );
+        c.finish_expiring(&[id]);
+        assert_eq!(c.remaining_s(id, later), None);
+        assert_eq!(c.keep_alive(id, later), None);
+    }
+
+    #[test]
+    fn huge_ttl_does_not_overflow() {
+        let mut c = LeaseClock::default();
+        let now = Instant::now();
+        let ttl = baton_core::MAX_LEASE_TTL_S;
+        c.on_applied(
+            &Command::LeaseGrant {
+                id: LeaseId(1),
+                ttl_s: ttl,
+            },
+            &Response::LeaseGrant {
+                id: LeaseId(1),
+                ttl_s: ttl,
+            },
+            now,
+        );
+        assert!(c.remaining_s(LeaseId(1), now).unwrap() > 0);
+        assert!(c.take_expired(now, 10).is_empty());
+    }
+
+    #[test]
+    fn renewal_resets_a_stale_checkpoint_once() {
+        let mut c = LeaseClock::default();
+        let now = Instant::now();
+        let id = LeaseId(3);
+        c.on_applied(
+            &Command::LeaseGrant { id, ttl_s: 600 },
+            &Response::LeaseGrant { id, ttl_s: 600 },
+            now,
+        );
+        assert_eq!(c.checkpoints(now, 300), vec![(id, 600_000)]);
+        assert!(
+            c.checkpoints(now, 600).is_empty(),
+            "short leases are not checkpointed"
+        );
+        let cp = Command::LeaseCheckpoint {
+            checkpoints: vec![(id, 100_000)],
+        };
+        c.on_applied(&cp, &Response::LeaseCheckpoint, now);
+        assert!(c.keep_alive(id, now).unwrap().reset_checkpoint);
+        assert!(!c.keep_alive(id, now).unwrap().reset_checkpoint);
+        c.checkpoint_reset_failed(id);
+        assert!(c.keep_alive(id, now).unwrap().reset_checkpoint);
+        // The reset itself, applied: nothing stale any more.
+        let reset = Command::LeaseCheckpoint {
+            checkpoints: vec![(id, 600_000)],
+        };
+        c.on_applied(&reset, &Response::LeaseCheckpoint, now);
+        assert!(!c.keep_alive(id, now).unwrap().reset_checkpoint);
+    }
+}

@@ -1,0 +1,202 @@
+//! Group commit at the proposal level: concurrent proposals are gathered into one Raft entry.
+//!
+//! openraft 0.9 appends one client write at a time and waits for that append to be flushed
+//! before taking the next, so batching inside the log store alone cannot share fsyncs between
+//! proposals. One task therefore owns the road into Raft: it waits for the previous batch to
+//! finish, takes everything that queued up meanwhile (up to `MAX_BATCH_COMMANDS` /
+//! `MAX_BATCH_BYTES`), stamps it with the leader's time and submits it as one entry. Under no
+//! load a batch is one command and costs what it did before; under load the batch grows with
+//! the queue and the fsync rate stays flat (classic group commit).
+//!
+//! The same task is also the only place that stamps time, so stamps enter the log in order and
+//! `Entry::time_ms` never goes backwards.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_core::Command;
+use openraft::error::ClientWriteError;
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+
+use crate::sm::Shared;
+use crate::types::{Raft, Request};
+use crate::{fatal_error, leader_error, wall_clock_ms, ProposeError, Proposed};
+
+/// Bounds one entry: it is fsynced, replicated and applied (under the write lock) as a unit.
+const MAX_BATCH_COMMANDS: usize = 1024;
+const MAX_BATCH_BYTES: usize = 4 << 20;
+/// Batches submitted but not yet applied. One maximizes batching; Raft processes entries one
+/// at a time anyway.
+const MAX_BATCHES_IN_FLIGHT: usize = 1;
+
+struct Pending {
+    command: Command,
+    bytes: usize,
+    done: oneshot::Sender<Result<Proposed, ProposeError>>,
+}
+
+pub(crate) struct Proposer {
+    tx: mpsc::UnboundedSender<Pending>,
+    shutting_down: Arc<AtomicBool>,
+    timeout: Duration,
+}
+
+impl Proposer {
+    pub(crate) fn spawn(
+        raft: Raft,
+        shared: Arc<Shared>,
+        shutting_down: Arc<AtomicBool>,
+        timeout: Duration,
+    ) -> (Proposer, tokio::task::JoinHandle<()>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(run(rx, raft, shared, shutting_down.clone(), timeout));
+        (
+            Proposer {
+                tx,
+                shutting_down,
+                timeout,
+            },
+            task,
+        )
+    }
+
+    fn gone(&self) -> ProposeError {
+        if self.shutting_down.load(Ordering::Acquire) {
+            ProposeError::ShuttingDown
+        } else {
+            ProposeError::LeaderChanged
+        }
+    }
+
+    pub(crate) async fn propose(&self, command: Command) -> Result<Proposed, ProposeError> {
+        let bytes = bincode::serialized_size(&command).map_or(usize::MAX, |b| b as usize);
+        let (done, rx) = oneshot::channel();
+        self.tx
+            .send(Pending {
+                command,
+                bytes,
+                done,
+            })
+            .map_err(|_| ProposeError::ShuttingDown)?;
+        match tokio::time::timeout(self.timeout, rx).await {
+            Err(_) => Err(ProposeError::Timeout),
+            // The batch was dropped without an answer: shutdown, or Raft lost it mid-way.
+            Ok(Err(_)) => Err(self.gone()),
+            Ok(Ok(res)) => res,
+        }
+    }
+}
+
+async fn run(
+    mut rx: mpsc::UnboundedReceiver<Pending>,
+    raft: Raft,
+    shared: Arc<Shared>,
+    shutting_down: Arc<AtomicBool>,
+    timeout: Duration,
+) {
+    let in_flight = Arc::new(Semaphore::new(MAX_BATCHES_IN_FLIGHT));
+    let mut last_stamp_ms = shared.state.read().sm.last_time_ms();
+    let mut carry: Option<Pending> = None;
+    loop {
+        let permit = in_flight
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("semaphore never closed");
+        let first = match carry.take() {
+            Some(p) => p,
+            None => match rx.recv().await {
+                Some(p) => p,
+                None => return,
+            },
+        };
+        let mut bytes = first.bytes;
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH_COMMANDS {
+            let Ok(p) = rx.try_recv() else { break };
+            if bytes.saturating_add(p.bytes) > MAX_BATCH_BYTES {
+                carry = Some(p);
+                break;
+            }
+            bytes += p.bytes;
+            batch.push(p);
+        }
+        // A caller that stopped waiting (timed out, cancelled) gets nothing written for it.
+        batch.retain(|p| !p.done.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
+        let floor_ms = shared.state.read().sm.last_time_ms();
+        let time_ms = wall_clock_ms().max(last_stamp_ms).max(floor_ms);
+        last_stamp_ms = time_ms;
+        let (commands, waiters): (Vec<Command>, Vec<_>) =
+            batch.into_iter().map(|p| (p.command, p.done)).unzip();
+        metrics::histogram!("baton_raft_proposal_batch_size").record(commands.len() as f64);
+        match raft.client_write_ff(Request { time_ms, commands }).await {
+            Err(f) => {
+                let e = fatal_error(&f, shutting_down.load(Ordering::Acquire));
+                for w in waiters {
+                    let _ = w.send(Err(e.clone()));
+                }
+            }
+            Ok(resp) => {
+                tokio::spawn(deliver(
+                    resp,
+                    waiters,
+                    permit,
+                    shutting_down.clone(),
+                    timeout,
+                ));
+            }
+        }
+    }
+}
+
+type ResponseRx = openraft::raft::responder::OneshotResponder<crate::types::TypeConfig>;
+type ResponseReceiver =
+    <ResponseRx as openraft::raft::responder::Responder<crate::types::TypeConfig>>::Receiver;
+
+/// Waits for a batch's outcome and hands each proposer its own result. The in-flight slot is
+/// released when the batch is applied, or after `timeout` so one stuck batch cannot block all
+/// later proposals (its results are still delivered if they come).
+async fn deliver(
+    mut rx: ResponseReceiver,
+    waiters: Vec<oneshot::Sender<Result<Proposed, ProposeError>>>,
+    permit: OwnedSemaphorePermit,
+    shutting_down: Arc<AtomicBool>,
+    timeout: Duration,
+) {
+    let first = tokio::time::timeout(timeout, &mut rx).await;
+    drop(permit);
+    let res = match first {
+        Ok(r) => r,
+        Err(_) => rx.await,
+    };
+    let fail = |waiters: Vec<oneshot::Sender<_>>, e: ProposeError| {
+        for w in waiters {
+            let _ = w.send(Err(e.clone()));
+        }
+    };
+    match res {
+        Err(_) if shutting_down.load(Ordering::Acquire) => {
+            fail(waiters, ProposeError::ShuttingDown)
+        }
+        Err(_) => fail(waiters, ProposeError::LeaderChanged),
+        Ok(Err(ClientWriteError::ForwardToLeader(f))) => fail(waiters, leader_error(f.leader_id)),
+        Ok(Err(ClientWriteError::ChangeMembershipError(e))) => {
+            fail(waiters, ProposeError::Storage(e.to_string()))
+        }
+        Ok(Ok(resp)) => {
+            let raft_term = resp.log_id.leader_id.term;
+            let applied = resp.data.applied;
+            if applied.len() != waiters.len() {
+                let msg = format!("{} results for {} commands", applied.len(), waiters.len());
+                return fail(waiters, ProposeError::Storage(msg));
+            }
+            for (w, applied) in waiters.into_iter().zip(applied) {
+                let _ = w.send(Ok(Proposed { applied, raft_term }));
+            }
+        }
+    }
+}

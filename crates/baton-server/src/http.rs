@@ -1,0 +1,87 @@
+//! HTTP endpoints beside the gRPC API: `/health` (etcd's JSON shape), `/metrics`
+//! (Prometheus text) and `/version`.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use metrics_exporter_prometheus::PrometheusHandle;
+
+use crate::maintenance::ETCD_API_VERSION;
+use crate::Shared;
+
+#[derive(Clone)]
+struct HttpState {
+    shared: Shared,
+    metrics: PrometheusHandle,
+}
+
+/// The HTTP routes.
+pub fn router(shared: Shared, metrics: PrometheusHandle) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(render_metrics))
+        .route("/version", get(version))
+        .with_state(HttpState { shared, metrics })
+}
+
+/// Healthy when this member has a leader and a linearizable read goes through, as etcd's
+/// `/health` (which does a quorum read) reports.
+async fn health(State(st): State<HttpState>) -> impl IntoResponse {
+    let ok = st.shared.node.status().leader_id.is_some()
+        && tokio::time::timeout(std::time::Duration::from_secs(2), st.shared.read_barrier())
+            .await
+            .map(|r| r.is_ok())
+            .unwrap_or(false);
+    if ok {
+        (StatusCode::OK, r#"{"health":"true","reason":""}"#)
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            r#"{"health":"false","reason":"no leader or quorum read failed"}"#,
+        )
+    }
+}
+
+/// Refreshes the gauges that are read rather than counted, then renders everything.
+async fn render_metrics(State(st): State<HttpState>) -> impl IntoResponse {
+    let status = st.shared.node.status();
+    let (revision, compact, keys, leases, size) = st.shared.node.read(|sm| {
+        (
+            sm.revision(),
+            sm.compact_revision(),
+            sm.key_count(),
+            sm.lease_ids().len(),
+            sm.approximate_size_bytes(),
+        )
+    });
+    metrics::gauge!("baton_raft_term").set(status.term as f64);
+    metrics::gauge!("baton_raft_index").set(status.last_log_index as f64);
+    metrics::gauge!("baton_raft_applied_index").set(status.applied_index as f64);
+    metrics::gauge!("baton_is_leader").set(if status.leader_id == Some(status.member_id) {
+        1.0
+    } else {
+        0.0
+    });
+    metrics::gauge!("baton_db_size_bytes").set(status.disk_bytes as f64);
+    metrics::gauge!("baton_db_size_in_use_bytes").set(size as f64);
+    metrics::gauge!("baton_mvcc_revision").set(revision.0 as f64);
+    metrics::gauge!("baton_mvcc_compact_revision").set(compact.0 as f64);
+    metrics::gauge!("baton_mvcc_keys").set(keys as f64);
+    metrics::gauge!("baton_leases").set(leases as f64);
+    (
+        [("content-type", "text/plain; version=0.0.4")],
+        st.metrics.render(),
+    )
+}
+
+async fn version() -> impl IntoResponse {
+    (
+        [("content-type", "application/json")],
+        format!(
+            r#"{{"etcdserver":"{ETCD_API_VERSION}","etcdcluster":"3.5.0","baton":"{}"}}"#,
+            env!("CARGO_PKG_VERSION")
+        ),
+    )
+}

@@ -1,0 +1,127 @@
+//! `etcdserverpb.KV`: Range, Put, DeleteRange, Txn, Compact.
+
+use baton_core::{Command, KvError, Response, StateMachine, MAX_REQUEST_BYTES};
+use baton_proto::etcdserverpb as pb;
+use prost::Message;
+use tonic::{Request, Status};
+
+use crate::convert;
+use crate::errors::{kv_status, TOO_LARGE};
+use crate::Shared;
+
+/// The KV service.
+pub struct KvService {
+    pub(crate) shared: Shared,
+}
+
+/// etcd refuses requests larger than `--max-request-bytes` before they reach the log.
+fn check_size<M: Message>(m: &M) -> Result<(), Status> {
+    if m.encoded_len() > MAX_REQUEST_BYTES {
+        return Err(Status::invalid_argument(TOO_LARGE));
+    }
+    Ok(())
+}
+
+impl KvService {
+    async fn propose(&self, command: Command) -> Result<(Response, pb::ResponseHeader), Status> {
+        StateMachine::validate(&command).map_err(|e| kv_status(&e))?;
+        let proposed = self.shared.propose(command).await?;
+        let header = self
+            .shared
+            .header_at(proposed.applied.revision.0, proposed.raft_term);
+        match proposed.applied.response {
+            Response::Error(e) => Err(kv_status(&e)),
+            other => Ok((other, header)),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::kv_server::Kv for KvService {
+    async fn range(
+        &self,
+        request: Request<pb::RangeRequest>,
+    ) -> Result<tonic::Response<pb::RangeResponse>, Status> {
+        let req = request.into_inner();
+        if req.key.is_empty() {
+            return Err(kv_status(&KvError::EmptyKey));
+        }
+        if !req.serializable {
+            self.shared.read_barrier().await?;
+        }
+        let req = convert::range_from_pb(req);
+        let (result, revision) = self.shared.node.read(|sm| (sm.range(&req), sm.revision()));
+        let resp = result.map_err(|e| kv_status(&e))?;
+        let header = self.shared.header_at(revision.0, self.shared.term());
+        Ok(tonic::Response::new(convert::range_resp_to_pb(
+            resp, header,
+        )))
+    }
+
+    async fn put(
+        &self,
+        request: Request<pb::PutRequest>,
+    ) -> Result<tonic::Response<pb::PutResponse>, Status> {
+        let req = request.into_inner();
+        check_size(&req)?;
+        let (resp, header) = self
+            .propose(Command::Put(convert::put_from_pb(req)))
+            .await?;
+        match resp {
+            Response::Put(p) => Ok(tonic::Response::new(convert::put_resp_to_pb(p, header))),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn delete_range(
+        &self,
+        request: Request<pb::DeleteRangeRequest>,
+    ) -> Result<tonic::Response<pb::DeleteRangeResponse>, Status> {
+        let req = request.into_inner();
+        check_size(&req)?;
+        let (resp, header) = self
+            .propose(Command::DeleteRange(convert::delete_from_pb(req)))
+            .await?;
+        match resp {
+            Response::DeleteRange(d) => {
+                Ok(tonic::Response::new(convert::delete_resp_to_pb(d, header)))
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn txn(
+        &self,
+        request: Request<pb::TxnRequest>,
+    ) -> Result<tonic::Response<pb::TxnResponse>, Status> {
+        let req = request.into_inner();
+        check_size(&req)?;
+        let txn = convert::txn_from_pb(req)?;
+        let (resp, header) = self.propose(Command::Txn(txn)).await?;
+        match resp {
+            Response::Txn(t) => Ok(tonic::Response::new(convert::txn_resp_to_pb(t, &header))),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn compact(
+        &self,
+        request: Request<pb::CompactionRequest>,
+    ) -> Result<tonic::Response<pb::CompactionResponse>, Status> {
+        let req = request.into_inner();
+        let (_, header) = self
+            .propose(Command::Compact {
+                revision: baton_core::Revision(req.revision),
+            })
+            .await?;
+        Ok(tonic::Response::new(pb::CompactionResponse {
+            header: Some(header),
+        }))
+    }
+}
+
+/// A response of the wrong kind for the command would be a core bug; refuse loudly.
+pub(crate) fn unexpected(resp: Response) -> Status {
+    tracing::error!(?resp, "core returned a response of the wrong kind");
+    Status::internal("baton: internal error: unexpected response kind")
+}

@@ -1,0 +1,175 @@
+//! `etcdserverpb.Lease`: grant, revoke, keep-alive, time-to-live, list.
+//!
+//! Keep-alives are answered from the leader's in-memory lease clock and never written to
+//! the log (etcd's choice: a replicated keep-alive would cost an fsync each).
+
+use std::pin::Pin;
+
+use baton_core::{Command, KvError, LeaseId, Response, MAX_LEASE_TTL_S};
+use baton_proto::etcdserverpb as pb;
+use baton_raft::KeepAlive;
+use futures::{Stream, StreamExt};
+use tonic::{Request, Status, Streaming};
+
+use crate::errors::{kv_status, propose_status};
+use crate::kv::unexpected;
+use crate::Shared;
+
+/// The Lease service.
+pub struct LeaseService {
+    pub(crate) shared: Shared,
+}
+
+/// Bound of the per-stream keep-alive response queue; a client that stops reading stalls
+/// only its own stream.
+const KEEPALIVE_QUEUE: usize = 16;
+
+#[tonic::async_trait]
+impl pb::lease_server::Lease for LeaseService {
+    async fn lease_grant(
+        &self,
+        request: Request<pb::LeaseGrantRequest>,
+    ) -> Result<tonic::Response<pb::LeaseGrantResponse>, Status> {
+        let req = request.into_inner();
+        if req.ttl > MAX_LEASE_TTL_S {
+            return Err(kv_status(&KvError::LeaseTtlTooLarge));
+        }
+        let ttl_s = req.ttl.max(self.shared.config.min_lease_ttl_s);
+        let id = if req.id == 0 {
+            self.shared.node.new_lease_id()
+        } else {
+            LeaseId(req.id)
+        };
+        let proposed = self
+            .shared
+            .propose(Command::LeaseGrant { id, ttl_s })
+            .await?;
+        let header = self
+            .shared
+            .header_at(proposed.applied.revision.0, proposed.raft_term);
+        match proposed.applied.response {
+            Response::LeaseGrant { id, ttl_s } => {
+                Ok(tonic::Response::new(pb::LeaseGrantResponse {
+                    header: Some(header),
+                    id: id.0,
+                    ttl: ttl_s,
+                    error: String::new(),
+                }))
+            }
+            Response::Error(e) => Err(kv_status(&e)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn lease_revoke(
+        &self,
+        request: Request<pb::LeaseRevokeRequest>,
+    ) -> Result<tonic::Response<pb::LeaseRevokeResponse>, Status> {
+        let req = request.into_inner();
+        let proposed = self
+            .shared
+            .propose(Command::LeaseRevoke {
+                id: LeaseId(req.id),
+            })
+            .await?;
+        let header = self
+            .shared
+            .header_at(proposed.applied.revision.0, proposed.raft_term);
+        match proposed.applied.response {
+            Response::LeaseRevoke => Ok(tonic::Response::new(pb::LeaseRevokeResponse {
+                header: Some(header),
+            })),
+            Response::Error(e) => Err(kv_status(&e)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    type LeaseKeepAliveStream =
+        Pin<Box<dyn Stream<Item = Result<pb::LeaseKeepAliveResponse, Status>> + Send + 'static>>;
+
+    async fn lease_keep_alive(
+        &self,
+        request: Request<Streaming<pb::LeaseKeepAliveRequest>>,
+    ) -> Result<tonic::Response<Self::LeaseKeepAliveStream>, Status> {
+        self.shared.require_leader()?;
+        let mut inbound = request.into_inner();
+        let shared = self.shared.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(KEEPALIVE_QUEUE);
+        tokio::spawn(async move {
+            while let Some(next) = inbound.next().await {
+                let req = match next {
+                    Ok(r) => r,
+                    Err(_) => break,
+                };
+                // The header is taken before the renewal so a keep-alive can never look
+                // newer than a revoke it raced with (etcd does the same).
+                let header = shared.header();
+                let reply = match shared.node.lease_keep_alive(LeaseId(req.id)) {
+                    Ok(KeepAlive::Renewed { ttl_s }) => Ok(pb::LeaseKeepAliveResponse {
+                        header: Some(header),
+                        id: req.id,
+                        ttl: ttl_s,
+                    }),
+                    Ok(KeepAlive::NotFound) => Ok(pb::LeaseKeepAliveResponse {
+                        header: Some(header),
+                        id: req.id,
+                        ttl: 0,
+                    }),
+                    Err(e) => {
+                        metrics::counter!("baton_lease_renewal_failures_total").increment(1);
+                        Err(propose_status(&e))
+                    }
+                };
+                let failed = reply.is_err();
+                if tx.send(reply).await.is_err() || failed {
+                    break;
+                }
+            }
+        });
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+        Ok(tonic::Response::new(Box::pin(stream)))
+    }
+
+    async fn lease_time_to_live(
+        &self,
+        request: Request<pb::LeaseTimeToLiveRequest>,
+    ) -> Result<tonic::Response<pb::LeaseTimeToLiveResponse>, Status> {
+        let req = request.into_inner();
+        self.shared.read_barrier().await?;
+        let id = LeaseId(req.id);
+        let (info, revision) = self.shared.node.read(|sm| (sm.lease(id), sm.revision()));
+        let header = self.shared.header_at(revision.0, self.shared.term());
+        let resp = match info {
+            None => pb::LeaseTimeToLiveResponse {
+                header: Some(header),
+                id: req.id,
+                ttl: -1,
+                granted_ttl: 0,
+                keys: Vec::new(),
+            },
+            Some(info) => pb::LeaseTimeToLiveResponse {
+                header: Some(header),
+                id: req.id,
+                ttl: self.shared.node.lease_remaining_s(id).unwrap_or(-1),
+                granted_ttl: info.granted_ttl_s,
+                keys: if req.keys { info.keys } else { Vec::new() },
+            },
+        };
+        Ok(tonic::Response::new(resp))
+    }
+
+    async fn lease_leases(
+        &self,
+        _request: Request<pb::LeaseLeasesRequest>,
+    ) -> Result<tonic::Response<pb::LeaseLeasesResponse>, Status> {
+        self.shared.read_barrier().await?;
+        let (ids, revision) = self.shared.node.read(|sm| (sm.lease_ids(), sm.revision()));
+        Ok(tonic::Response::new(pb::LeaseLeasesResponse {
+            header: Some(self.shared.header_at(revision.0, self.shared.term())),
+            leases: ids
+                .into_iter()
+                .map(|id| pb::LeaseStatus { id: id.0 })
+                .collect(),
+        }))
+    }
+}

@@ -1,0 +1,212 @@
+//! # baton-server
+//!
+//! Baton's network face: the etcd v3 gRPC services over one [`baton_raft::Node`], HTTP
+//! `/health`, `/metrics` and `/version`, and the single table that maps internal errors to
+//! etcd's exact status codes and messages ([`errors`]).
+//!
+//! Every response header is built by [`Shared::header_at`] so `cluster_id`, `member_id`,
+//! `revision` and `raft_term` agree across all services (`etcdctl endpoint status` compares
+//! them).
+
+pub mod cluster;
+pub mod convert;
+pub mod errors;
+pub mod http;
+pub mod kv;
+pub mod lease;
+pub mod maintenance;
+pub mod metrics_layer;
+pub mod watch;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use baton_proto::etcdserverpb as pb;
+use baton_raft::{Node, Proposed};
+use tonic::Status;
+
+/// etcd's gRPC receive limit: the request limit plus 512 KiB of framing headroom.
+pub const MAX_GRPC_RECV_BYTES: usize = baton_core::MAX_REQUEST_BYTES + 512 * 1024;
+
+/// What the server needs besides the replica.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Addresses to serve the etcd gRPC API on.
+    pub client_addrs: Vec<SocketAddr>,
+    /// Addresses to serve `/metrics`, `/health` and `/version` on (in addition to nothing
+    /// else: the gRPC port does not multiplex HTTP/1).
+    pub metrics_addrs: Vec<SocketAddr>,
+    /// The smallest lease TTL granted, in seconds (etcd: ceil(1.5 × election timeout)).
+    pub min_lease_ttl_s: i64,
+    /// Interval of progress notifications for watchers that asked for them.
+    pub watch_progress_interval: Duration,
+}
+
+/// State shared by all services: the replica and the bits every handler needs.
+#[derive(Clone)]
+pub struct Shared {
+    pub node: Node,
+    pub config: ServerConfig,
+}
+
+impl Shared {
+    /// A response header at `revision`, with this member's identity.
+    pub fn header_at(&self, revision: i64, raft_term: u64) -> pb::ResponseHeader {
+        let status = self.node.status();
+        pb::ResponseHeader {
+            cluster_id: status.cluster_id,
+            member_id: status.member_id,
+            revision,
+            raft_term,
+        }
+    }
+
+    /// A header at the current revision and term.
+    pub fn header(&self) -> pb::ResponseHeader {
+        let revision = self.node.read(|sm| sm.revision());
+        self.header_at(revision.0, self.term())
+    }
+
+    /// The current Raft term.
+    pub fn term(&self) -> u64 {
+        self.node.status().term
+    }
+
+    /// Proposes a command, mapping replication failures to etcd's statuses.
+    pub async fn propose(&self, command: baton_core::Command) -> Result<Proposed, Status> {
+        self.node
+            .propose(command)
+            .await
+            .map_err(|e| errors::propose_status(&e))
+    }
+
+    /// Waits until a linearizable read is safe.
+    pub async fn read_barrier(&self) -> Result<(), Status> {
+        self.node
+            .read_barrier()
+            .await
+            .map_err(|e| errors::propose_status(&e))
+    }
+
+    /// Fails with etcd's "no leader" when this member knows of none (clients that send
+    /// `hasleader=true` expect exactly that).
+    pub fn require_leader(&self) -> Result<(), Status> {
+        if self.node.status().leader_id.is_none() {
+            return Err(Status::unavailable(errors::NO_LEADER));
+        }
+        Ok(())
+    }
+}
+
+/// Serves the gRPC API on every client address and HTTP on every metrics address until
+/// `shutdown` resolves.
+pub async fn serve(
+    shared: Shared,
+    metrics: metrics_exporter_prometheus::PrometheusHandle,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    use baton_proto::etcdserverpb::{
+        auth_server::AuthServer, cluster_server::ClusterServer, kv_server::KvServer,
+        lease_server::LeaseServer, maintenance_server::MaintenanceServer,
+        watch_server::WatchServer,
+    };
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for addr in shared.config.client_addrs.clone() {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError::Bind { addr, source })?;
+        // Without TCP_NODELAY, Nagle's algorithm meets the client's delayed ACKs and small
+        // responses wait ~40 ms (a custom listener does not get tonic's default).
+        let incoming = tonic::transport::server::TcpIncoming::from(listener)
+            .with_nodelay(Some(true))
+            .with_keepalive(Some(Duration::from_secs(60)));
+        let router = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .layer(metrics_layer::GrpcMetricsLayer)
+            .add_service(
+                KvServer::new(kv::KvService {
+                    shared: shared.clone(),
+                })
+                .max_decoding_message_size(MAX_GRPC_RECV_BYTES)
+                .max_encoding_message_size(usize::MAX),
+            )
+            .add_service(
+                WatchServer::new(watch::WatchService {
+                    shared: shared.clone(),
+                })
+                .max_decoding_message_size(MAX_GRPC_RECV_BYTES)
+                .max_encoding_message_size(usize::MAX),
+            )
+            .add_service(
+                LeaseServer::new(lease::LeaseService {
+                    shared: shared.clone(),
+                })
+                .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
+            )
+            .add_service(ClusterServer::new(cluster::ClusterService {
+                shared: shared.clone(),
+            }))
+            .add_service(MaintenanceServer::new(maintenance::MaintenanceService {
+                shared: shared.clone(),
+            }))
+            .add_service(AuthServer::new(maintenance::AuthService {
+                shared: shared.clone(),
+            }));
+        let mut stop = stop_rx.clone();
+        tasks.spawn(async move {
+            router
+                .serve_with_incoming_shutdown(incoming, async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await
+                .map_err(|e| ServeError::Transport(e.to_string()))
+        });
+    }
+    for addr in shared.config.metrics_addrs.clone() {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError::Bind { addr, source })?;
+        let app = http::router(shared.clone(), metrics.clone());
+        let mut stop = stop_rx.clone();
+        tasks.spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await
+                .map_err(|e| ServeError::Transport(e.to_string()))
+        });
+    }
+    tracing::info!(
+        client = ?shared.config.client_addrs,
+        metrics = ?shared.config.metrics_addrs,
+        "serving"
+    );
+    while let Some(res) = tasks.join_next().await {
+        match res {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(e) => return Err(ServeError::Transport(e.to_string())),
+        }
+    }
+    Ok(())
+}
+
+/// Why serving stopped early.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("transport: {0}")]
+    Transport(String),
+}

@@ -1,0 +1,214 @@
+//! `etcdserverpb.Maintenance` (status, alarms, hashes, defragment) and `etcdserverpb.Auth`
+//! (reports auth as disabled, which etcd clients handle by carrying on without a token).
+
+use std::pin::Pin;
+
+use baton_proto::etcdserverpb as pb;
+use futures::Stream;
+use tonic::{Request, Status};
+
+use crate::errors::{kv_status, not_supported};
+use crate::Shared;
+
+/// The etcd API version Baton speaks; `etcdctl endpoint status` prints it.
+pub const ETCD_API_VERSION: &str = "3.5.0";
+
+/// The Maintenance service.
+pub struct MaintenanceService {
+    pub(crate) shared: Shared,
+}
+
+#[tonic::async_trait]
+impl pb::maintenance_server::Maintenance for MaintenanceService {
+    async fn alarm(
+        &self,
+        request: Request<pb::AlarmRequest>,
+    ) -> Result<tonic::Response<pb::AlarmResponse>, Status> {
+        use pb::alarm_request::AlarmAction;
+        let req = request.into_inner();
+        // Baton raises no alarms yet (no space quota); activating one by hand is refused
+        // rather than silently ignored.
+        if req.action() == AlarmAction::Activate {
+            return Err(not_supported("activating alarms"));
+        }
+        Ok(tonic::Response::new(pb::AlarmResponse {
+            header: Some(self.shared.header()),
+            alarms: Vec::new(),
+        }))
+    }
+
+    async fn status(
+        &self,
+        _request: Request<pb::StatusRequest>,
+    ) -> Result<tonic::Response<pb::StatusResponse>, Status> {
+        let st = self.shared.node.status();
+        let (revision, in_use) = self
+            .shared
+            .node
+            .read(|sm| (sm.revision(), sm.approximate_size_bytes()));
+        Ok(tonic::Response::new(pb::StatusResponse {
+            header: Some(self.shared.header_at(revision.0, st.term)),
+            version: ETCD_API_VERSION.into(),
+            db_size: st.disk_bytes as i64,
+            leader: st.leader_id.unwrap_or(0),
+            raft_index: st.last_log_index,
+            raft_term: st.term,
+            raft_applied_index: st.applied_index,
+            errors: Vec::new(),
+            db_size_in_use: in_use as i64,
+            is_learner: false,
+        }))
+    }
+
+    async fn defragment(
+        &self,
+        _request: Request<pb::DefragmentRequest>,
+    ) -> Result<tonic::Response<pb::DefragmentResponse>, Status> {
+        // The store lives in memory and the log is purged by snapshots, so there is nothing
+        // to defragment; succeed as etcd does on an already compact backend.
+        Ok(tonic::Response::new(pb::DefragmentResponse {
+            header: Some(self.shared.header()),
+        }))
+    }
+
+    async fn hash(
+        &self,
+        _request: Request<pb::HashRequest>,
+    ) -> Result<tonic::Response<pb::HashResponse>, Status> {
+        let (hash, revision) = self.shared.node.read(|sm| (sm.hash_kv(0), sm.revision()));
+        let hash = hash.map_err(|e| kv_status(&e))?;
+        Ok(tonic::Response::new(pb::HashResponse {
+            header: Some(self.shared.header_at(revision.0, self.shared.term())),
+            hash,
+        }))
+    }
+
+    async fn hash_kv(
+        &self,
+        request: Request<pb::HashKvRequest>,
+    ) -> Result<tonic::Response<pb::HashKvResponse>, Status> {
+        let req = request.into_inner();
+        let (hash, compact, revision) = self.shared.node.read(|sm| {
+            (
+                sm.hash_kv(req.revision),
+                sm.compact_revision(),
+                sm.revision(),
+            )
+        });
+        let hash = hash.map_err(|e| kv_status(&e))?;
+        Ok(tonic::Response::new(pb::HashKvResponse {
+            header: Some(self.shared.header_at(revision.0, self.shared.term())),
+            hash,
+            compact_revision: compact.0,
+        }))
+    }
+
+    type SnapshotStream =
+        Pin<Box<dyn Stream<Item = Result<pb::SnapshotResponse, Status>> + Send + 'static>>;
+
+    async fn snapshot(
+        &self,
+        _request: Request<pb::SnapshotRequest>,
+    ) -> Result<tonic::Response<Self::SnapshotStream>, Status> {
+        Err(not_supported("snapshot streaming"))
+    }
+
+    async fn move_leader(
+        &self,
+        request: Request<pb::MoveLeaderRequest>,
+    ) -> Result<tonic::Response<pb::MoveLeaderResponse>, Status> {
+        let target = request.into_inner().target_id;
+        let st = self.shared.node.status();
+        if target != st.member_id {
+            return Err(Status::failed_precondition(
+                "etcdserver: bad leader transferee",
+            ));
+        }
+        Ok(tonic::Response::new(pb::MoveLeaderResponse {
+            header: Some(self.shared.header()),
+        }))
+    }
+
+    async fn downgrade(
+        &self,
+        _request: Request<pb::DowngradeRequest>,
+    ) -> Result<tonic::Response<pb::DowngradeResponse>, Status> {
+        Err(not_supported("downgrade"))
+    }
+}
+
+/// The Auth service: authentication is not enabled.
+pub struct AuthService {
+    pub(crate) shared: Shared,
+}
+
+fn auth_not_enabled() -> Status {
+    Status::failed_precondition("etcdserver: authentication is not enabled")
+}
+
+/// Expands to trait methods with the exact shape `#[tonic::async_trait]` gives the trait's
+/// own declarations (the attribute does not see inside macro calls, so the boxing is spelled
+/// out here).
+macro_rules! auth_disabled_rpcs {
+    ($($method:ident: $req:ty => $resp:ty;)*) => {
+        $(
+            fn $method<'life0, 'async_trait>(
+                &'life0 self,
+                _request: Request<$req>,
+            ) -> Pin<Box<dyn std::future::Future<Output = Result<tonic::Response<$resp>, Status>> + Send + 'async_trait>>
+            where
+                'life0: 'async_trait,
+                Self: 'async_trait,
+            {
+                Box::pin(async { Err(auth_not_enabled()) })
+            }
+        )*
+    };
+}
+
+#[tonic::async_trait]
+impl pb::auth_server::Auth for AuthService {
+    async fn auth_enable(
+        &self,
+        _request: Request<pb::AuthEnableRequest>,
+    ) -> Result<tonic::Response<pb::AuthEnableResponse>, Status> {
+        Err(not_supported("authentication"))
+    }
+
+    async fn auth_disable(
+        &self,
+        _request: Request<pb::AuthDisableRequest>,
+    ) -> Result<tonic::Response<pb::AuthDisableResponse>, Status> {
+        Ok(tonic::Response::new(pb::AuthDisableResponse {
+            header: Some(self.shared.header()),
+        }))
+    }
+
+    async fn auth_status(
+        &self,
+        _request: Request<pb::AuthStatusRequest>,
+    ) -> Result<tonic::Response<pb::AuthStatusResponse>, Status> {
+        Ok(tonic::Response::new(pb::AuthStatusResponse {
+            header: Some(self.shared.header()),
+            enabled: false,
+            auth_revision: 0,
+        }))
+    }
+
+    auth_disabled_rpcs! {
+        authenticate: pb::AuthenticateRequest => pb::AuthenticateResponse;
+        user_add: pb::AuthUserAddRequest => pb::AuthUserAddResponse;
+        user_get: pb::AuthUserGetRequest => pb::AuthUserGetResponse;
+        user_list: pb::AuthUserListRequest => pb::AuthUserListResponse;
+        user_delete: pb::AuthUserDeleteRequest => pb::AuthUserDeleteResponse;
+        user_change_password: pb::AuthUserChangePasswordRequest => pb::AuthUserChangePasswordResponse;
+        user_grant_role: pb::AuthUserGrantRoleRequest => pb::AuthUserGrantRoleResponse;
+        user_revoke_role: pb::AuthUserRevokeRoleRequest => pb::AuthUserRevokeRoleResponse;
+        role_add: pb::AuthRoleAddRequest => pb::AuthRoleAddResponse;
+        role_get: pb::AuthRoleGetRequest => pb::AuthRoleGetResponse;
+        role_list: pb::AuthRoleListRequest => pb::AuthRoleListResponse;
+        role_delete: pb::AuthRoleDeleteRequest => pb::AuthRoleDeleteResponse;
+        role_grant_permission: pb::AuthRoleGrantPermissionRequest => pb::AuthRoleGrantPermissionResponse;
+        role_revoke_permission: pb::AuthRoleRevokePermissionRequest => pb::AuthRoleRevokePermissionResponse;
+    }
+}

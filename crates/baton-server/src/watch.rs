@@ -1,0 +1,387 @@
+//! `etcdserverpb.Watch`: one task per stream, feeding from the node-local watch hub.
+//!
+//! Ordering rules kept here (etcd's `api_guarantees.md`): a watcher's `created` response
+//! precedes its events; events arrive in revision order, each revision whole (unless the
+//! client asked for fragments); a progress response is sent only when every watcher on the
+//! stream has been handed everything up to the revision it names.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+
+use baton_core::{KeyRange, Revision, WatchOutput, WatchSpec, WatcherId, MAX_REQUEST_BYTES};
+use baton_proto::etcdserverpb as pb;
+use baton_proto::mvccpb;
+use futures::{Stream, StreamExt};
+use prost::Message;
+use tokio::sync::mpsc;
+use tonic::{Request, Status, Streaming};
+
+use crate::convert::event_to_pb;
+use crate::Shared;
+
+/// Responses queued per stream before the stream's task waits for the client to read.
+const STREAM_QUEUE: usize = 128;
+/// Watchers one stream may hold; beyond it creates are refused.
+pub const MAX_WATCHERS_PER_STREAM: usize = 10_000;
+/// Events handed to one watcher per turn, so one busy watcher cannot starve the others.
+const EVENTS_PER_TURN: usize = 1000;
+
+/// The Watch service.
+pub struct WatchService {
+    pub(crate) shared: Shared,
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchResponse, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl pb::watch_server::Watch for WatchService {
+    type WatchStream = WatchStream;
+
+    async fn watch(
+        &self,
+        request: Request<Streaming<pb::WatchRequest>>,
+    ) -> Result<tonic::Response<Self::WatchStream>, Status> {
+        let wants_leader = request
+            .metadata()
+            .get("hasleader")
+            .and_then(|v| v.to_str().ok())
+            == Some("true");
+        if wants_leader {
+            self.shared.require_leader()?;
+        }
+        let inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+        let session = Session {
+            shared: self.shared.clone(),
+            tx,
+            watchers: BTreeMap::new(),
+            next_auto_id: 0,
+            progress_pending: false,
+        };
+        metrics::gauge!("baton_watch_streams").increment(1.0);
+        tokio::spawn(async move {
+            session.run(inbound).await;
+            metrics::gauge!("baton_watch_streams").decrement(1.0);
+        });
+        Ok(tonic::Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+}
+
+struct Watcher {
+    hub_id: WatcherId,
+    fragment: bool,
+    progress_notify: bool,
+    /// Events were sent since the last periodic progress notification.
+    sent_since_tick: bool,
+}
+
+struct Session {
+    shared: Shared,
+    tx: mpsc::Sender<Result<pb::WatchResponse, Status>>,
+    watchers: BTreeMap<i64, Watcher>,
+    next_auto_id: i64,
+    progress_pending: bool,
+}
+
+/// The client went away; the session ends.
+struct Gone;
+
+impl Session {
+    async fn run(mut self, mut inbound: Streaming<pb::WatchRequest>) {
+        let mut revisions = self.shared.node.subscribe_revision();
+        let mut ticker = tokio::time::interval(self.shared.config.watch_progress_interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.tick().await;
+        loop {
+            if self.pump().await.is_err() {
+                break;
+            }
+            if self.progress_pending && self.try_send_progress().await.is_err() {
+                break;
+            }
+            tokio::select! {
+                msg = inbound.next() => match msg {
+                    Some(Ok(req)) => {
+                        if self.handle(req).await.is_err() {
+                            break;
+                        }
+                    }
+                    _ => break,
+                },
+                changed = revisions.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                }
+                _ = ticker.tick() => {
+                    if self.progress_tick().await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let ids: Vec<WatcherId> = self.watchers.values().map(|w| w.hub_id).collect();
+        self.shared.node.with_watch_hub(|hub, _| {
+            for id in ids {
+                hub.remove(id);
+            }
+        });
+        metrics::gauge!("baton_watchers").decrement(self.watchers.len() as f64);
+    }
+
+    async fn send(&self, resp: pb::WatchResponse) -> Result<(), Gone> {
+        self.tx.send(Ok(resp)).await.map_err(|_| Gone)
+    }
+
+    async fn handle(&mut self, req: pb::WatchRequest) -> Result<(), Gone> {
+        use pb::watch_request::RequestUnion;
+        match req.request_union {
+            Some(RequestUnion::CreateRequest(c)) => self.create(c).await,
+            Some(RequestUnion::CancelRequest(c)) => {
+                if let Some(w) = self.watchers.remove(&c.watch_id) {
+                    self.shared
+                        .node
+                        .with_watch_hub(|hub, _| hub.remove(w.hub_id));
+                    metrics::gauge!("baton_watchers").decrement(1.0);
+                    self.send(pb::WatchResponse {
+                        header: Some(self.shared.header()),
+                        watch_id: c.watch_id,
+                        canceled: true,
+                        ..Default::default()
+                    })
+                    .await?;
+                }
+                Ok(())
+            }
+            Some(RequestUnion::ProgressRequest(_)) => {
+                self.progress_pending = true;
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    async fn refuse_create(&self, reason: String) -> Result<(), Gone> {
+        self.send(pb::WatchResponse {
+            header: Some(self.shared.header()),
+            watch_id: -1,
+            created: true,
+            canceled: true,
+            cancel_reason: reason,
+            ..Default::default()
+        })
+        .await
+    }
+
+    async fn create(&mut self, c: pb::WatchCreateRequest) -> Result<(), Gone> {
+        use pb::watch_create_request::FilterType;
+        if c.start_revision < 0 {
+            return self
+                .refuse_create("etcdserver: mvcc: required revision is a negative value".into())
+                .await;
+        }
+        if self.watchers.len() >= MAX_WATCHERS_PER_STREAM {
+            return self
+                .refuse_create(format!(
+                    "baton: too many watchers on one stream (limit {MAX_WATCHERS_PER_STREAM})"
+                ))
+                .await;
+        }
+        let watch_id = if c.watch_id == 0 {
+            while self.watchers.contains_key(&self.next_auto_id) {
+                self.next_auto_id += 1;
+            }
+            let id = self.next_auto_id;
+            self.next_auto_id += 1;
+            id
+        } else if self.watchers.contains_key(&c.watch_id) || c.watch_id < 0 {
+            return self
+                .refuse_create("mvcc: duplicate watch ID provided on the WatchStream".into())
+                .await;
+        } else {
+            c.watch_id
+        };
+        // etcd treats an empty key as "\0" (the smallest key).
+        let key = if c.key.is_empty() {
+            vec![0]
+        } else {
+            c.key.clone()
+        };
+        let spec = WatchSpec {
+            range: KeyRange {
+                key,
+                range_end: c.range_end.clone(),
+            },
+            start_revision: Revision(c.start_revision),
+            no_put: c.filters().any(|f| f == FilterType::Noput),
+            no_delete: c.filters().any(|f| f == FilterType::Nodelete),
+            prev_kv: c.prev_kv,
+        };
+        let (hub_id, revision) = self
+            .shared
+            .node
+            .with_watch_hub(|hub, sm| (hub.add(spec, sm.revision()), sm.revision()));
+        self.watchers.insert(
+            watch_id,
+            Watcher {
+                hub_id,
+                fragment: c.fragment,
+                progress_notify: c.progress_notify,
+                sent_since_tick: false,
+            },
+        );
+        metrics::gauge!("baton_watchers").increment(1.0);
+        self.send(pb::WatchResponse {
+            header: Some(self.shared.header_at(revision.0, self.shared.term())),
+            watch_id,
+            created: true,
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// Hands every watcher what is ready, round-robin, until nothing is.
+    async fn pump(&mut self) -> Result<(), Gone> {
+        loop {
+            let mut progressed = false;
+            let ids: Vec<i64> = self.watchers.keys().copied().collect();
+            for watch_id in ids {
+                let Some(w) = self.watchers.get(&watch_id) else {
+                    continue;
+                };
+                let hub_id = w.hub_id;
+                let (out, revision) = self.shared.node.with_watch_hub(|hub, sm| {
+                    (hub.take(hub_id, sm, EVENTS_PER_TURN), sm.revision())
+                });
+                let Some(out) = out else { continue };
+                progressed = true;
+                let header = self.shared.header_at(revision.0, self.shared.term());
+                match out {
+                    WatchOutput::Events(events) => {
+                        let fragment = w.fragment;
+                        let events: Vec<mvccpb::Event> =
+                            events.into_iter().map(event_to_pb).collect();
+                        metrics::counter!("baton_watch_events_sent_total")
+                            .increment(events.len() as u64);
+                        if let Some(w) = self.watchers.get_mut(&watch_id) {
+                            w.sent_since_tick = true;
+                        }
+                        self.send_events(watch_id, header, events, fragment).await?;
+                    }
+                    WatchOutput::Compacted { compact_revision } => {
+                        self.watchers.remove(&watch_id);
+                        metrics::gauge!("baton_watchers").decrement(1.0);
+                        self.send(pb::WatchResponse {
+                            header: Some(header),
+                            watch_id,
+                            canceled: true,
+                            compact_revision: compact_revision.0,
+                            cancel_reason: "etcdserver: mvcc: required revision has been compacted"
+                                .into(),
+                            ..Default::default()
+                        })
+                        .await?;
+                    }
+                }
+            }
+            if !progressed {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Sends events in one response, or in fragments under the request-size limit when the
+    /// watcher asked for fragments and the response would be too large.
+    async fn send_events(
+        &self,
+        watch_id: i64,
+        header: pb::ResponseHeader,
+        events: Vec<mvccpb::Event>,
+        fragment: bool,
+    ) -> Result<(), Gone> {
+        let whole = pb::WatchResponse {
+            header: Some(header),
+            watch_id,
+            events,
+            ..Default::default()
+        };
+        if !fragment || whole.encoded_len() <= MAX_REQUEST_BYTES {
+            return self.send(whole).await;
+        }
+        let mut chunks: Vec<Vec<mvccpb::Event>> = vec![Vec::new()];
+        let mut size = 0usize;
+        for ev in whole.events {
+            let len = ev.encoded_len() + 8;
+            if size + len > MAX_REQUEST_BYTES && !chunks.last().is_none_or(Vec::is_empty) {
+                chunks.push(Vec::new());
+                size = 0;
+            }
+            size += len;
+            chunks.last_mut().expect("one chunk").push(ev);
+        }
+        let last = chunks.len() - 1;
+        for (i, events) in chunks.into_iter().enumerate() {
+            self.send(pb::WatchResponse {
+                header: Some(header),
+                watch_id,
+                events,
+                fragment: i != last,
+                ..Default::default()
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Answers a progress request once every watcher is synced (checked in the same critical
+    /// section that reads the revision, so the revision named is covered by what was sent).
+    async fn try_send_progress(&mut self) -> Result<(), Gone> {
+        let ids: Vec<WatcherId> = self.watchers.values().map(|w| w.hub_id).collect();
+        let synced_at = self.shared.node.with_watch_hub(|hub, sm| {
+            ids.iter()
+                .all(|id| hub.is_synced(*id, sm))
+                .then(|| sm.revision())
+        });
+        if let Some(revision) = synced_at {
+            self.progress_pending = false;
+            self.send(pb::WatchResponse {
+                header: Some(self.shared.header_at(revision.0, self.shared.term())),
+                watch_id: -1,
+                ..Default::default()
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Periodic progress for watchers that asked for it and received nothing since the last
+    /// tick.
+    async fn progress_tick(&mut self) -> Result<(), Gone> {
+        let due: Vec<(i64, WatcherId)> = self
+            .watchers
+            .iter()
+            .filter(|(_, w)| w.progress_notify && !w.sent_since_tick)
+            .map(|(id, w)| (*id, w.hub_id))
+            .collect();
+        for w in self.watchers.values_mut() {
+            w.sent_since_tick = false;
+        }
+        for (watch_id, hub_id) in due {
+            let synced_at = self
+                .shared
+                .node
+                .with_watch_hub(|hub, sm| hub.is_synced(hub_id, sm).then(|| sm.revision()));
+            if let Some(revision) = synced_at {
+                self.send(pb::WatchResponse {
+                    header: Some(self.shared.header_at(revision.0, self.shared.term())),
+                    watch_id,
+                    ..Default::default()
+                })
+                .await?;
+            }
+        }
+        Ok(())
+    }
+}
