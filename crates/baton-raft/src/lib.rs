@@ -149,6 +149,10 @@ pub enum StartError {
     CorruptSnapshot { path: PathBuf, reason: String },
     #[error("raft: {0}")]
     Raft(String),
+    /// Another process holds the data directory; two members writing one log would corrupt
+    /// it.
+    #[error("data directory {path} is in use by another process")]
+    Locked { path: PathBuf },
 }
 
 /// Result of a lease keep-alive on the leader.
@@ -194,6 +198,8 @@ struct Inner {
     proposer: Proposer,
     shutting_down: Arc<AtomicBool>,
     tasks: parking_lot::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Holds the data directory's advisory lock for the life of the replica.
+    _dir_lock: fs::File,
 }
 
 fn io_error(path: &Path) -> impl FnOnce(io::Error) -> StartError + '_ {
@@ -306,6 +312,20 @@ impl Node {
             fs::create_dir_all(dir).map_err(io_error(dir))?;
         }
         files::fsync_dir(&data_dir).map_err(io_error(&data_dir))?;
+        let lock_path = data_dir.join("LOCK");
+        let dir_lock = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(io_error(&lock_path))?;
+        match dir_lock.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => {
+                return Err(StartError::Locked { path: data_dir });
+            }
+            Err(fs::TryLockError::Error(e)) => return Err(io_error(&lock_path)(e)),
+        }
 
         let (state, current_snapshot) = load_state(&snap_dir)?;
         let recovered = wal::recover(&raft_dir)?;
@@ -378,6 +398,7 @@ impl Node {
                 proposer,
                 shutting_down,
                 tasks: parking_lot::Mutex::new(vec![proposer_task]),
+                _dir_lock: dir_lock,
             }),
         };
         if let Err(e) = node.inner.bootstrap().await {

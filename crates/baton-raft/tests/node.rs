@@ -432,3 +432,17 @@ async fn watchers_are_notified_of_new_revisions() {
     assert_eq!(watchers, 0);
     node.shutdown().await;
 }
+
+/// Two replicas on one data directory would interleave their logs; the second is refused.
+#[tokio::test]
+async fn a_data_directory_is_used_by_one_replica_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Node::start(NodeConfig::new("a", dir.path())).await.unwrap();
+    match Node::start(NodeConfig::new("b", dir.path())).await {
+        Err(StartError::Locked { .. }) => {}
+        Err(other) => panic!("expected Locked, got {other}"),
+        Ok(_) => panic!("a second replica started on a locked data directory"),
+    }
+    first.shutdown().await;
+    drop(first);
+}

@@ -63,15 +63,27 @@ pub fn range_from_pb(r: pb::RangeRequest) -> core::RangeRequest {
     }
 }
 
-pub fn put_from_pb(p: pb::PutRequest) -> core::PutRequest {
-    core::PutRequest {
+/// etcd refuses a value together with `ignore_value`, and a lease together with
+/// `ignore_lease`, rather than silently dropping one of them.
+pub fn put_from_pb(p: pb::PutRequest) -> Result<core::PutRequest, tonic::Status> {
+    if p.ignore_value && !p.value.is_empty() {
+        return Err(tonic::Status::invalid_argument(
+            "etcdserver: value is provided",
+        ));
+    }
+    if p.ignore_lease && p.lease != 0 {
+        return Err(tonic::Status::invalid_argument(
+            "etcdserver: lease is provided",
+        ));
+    }
+    Ok(core::PutRequest {
         key: p.key,
         value: p.value,
         lease: core::LeaseId(p.lease),
         prev_kv: p.prev_kv,
         ignore_value: p.ignore_value,
         ignore_lease: p.ignore_lease,
-    }
+    })
 }
 
 pub fn delete_from_pb(d: pb::DeleteRangeRequest) -> core::DeleteRangeRequest {
@@ -103,7 +115,7 @@ fn ops_from_pb(ops: Vec<pb::RequestOp>) -> Result<Vec<core::RequestOp>, tonic::S
     ops.into_iter()
         .map(|op| match op.request {
             Some(Request::RequestRange(r)) => Ok(core::RequestOp::Range(range_from_pb(r))),
-            Some(Request::RequestPut(p)) => Ok(core::RequestOp::Put(put_from_pb(p))),
+            Some(Request::RequestPut(p)) => Ok(core::RequestOp::Put(put_from_pb(p)?)),
             Some(Request::RequestDeleteRange(d)) => {
                 Ok(core::RequestOp::DeleteRange(delete_from_pb(d)))
             }

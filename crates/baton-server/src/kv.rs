@@ -65,7 +65,7 @@ impl pb::kv_server::Kv for KvService {
         let req = request.into_inner();
         check_size(&req)?;
         let (resp, header) = self
-            .propose(Command::Put(convert::put_from_pb(req)))
+            .propose(Command::Put(convert::put_from_pb(req)?))
             .await?;
         match resp {
             Response::Put(p) => Ok(tonic::Response::new(convert::put_resp_to_pb(p, header))),

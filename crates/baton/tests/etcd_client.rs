@@ -267,6 +267,26 @@ async fn txn_compares_and_errors() {
         st("NotFound", "etcdserver: requested lease not found")
     );
     let err = c
+        .put("k1", "v", Some(PutOptions::new().with_ignore_value()))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        status_of(err),
+        st("InvalidArgument", "etcdserver: value is provided")
+    );
+    let err = c
+        .put(
+            "k1",
+            "",
+            Some(PutOptions::new().with_ignore_lease().with_lease(5)),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        status_of(err),
+        st("InvalidArgument", "etcdserver: lease is provided")
+    );
+    let err = c
         .put("nokey", "v", Some(PutOptions::new().with_ignore_lease()))
         .await
         .unwrap_err();
