@@ -10,6 +10,7 @@
 //! servers, takes minutes, and its numbers are for people to read, not for CI to assert on.
 //! See `bench/README.md` for how to run it and how to read the results.
 
+mod locks;
 mod report;
 mod server;
 mod workload;
@@ -24,7 +25,7 @@ use clap::{Args, Parser, Subcommand};
 
 use report::{Binary, Meta, Report, Sample};
 use server::{Kind, Server};
-use workload::{LoadConfig, Workload};
+use workload::{Group, LoadConfig, Selection, Workload};
 
 #[derive(Parser)]
 #[command(
@@ -44,9 +45,10 @@ enum Command {
 
 #[derive(Args, Debug)]
 struct SideBySideArgs {
-    /// Measured seconds per run (after the warm-up).
-    #[arg(long, default_value_t = 10)]
-    duration_secs: u64,
+    /// Measured seconds per run, after the warm-up [default: 10 for kv workloads, 5 for lock
+    /// workloads]. Given explicitly, it applies to every workload.
+    #[arg(long)]
+    duration_secs: Option<u64>,
     /// Unmeasured seconds at the start of each run, so that connection setup and the first
     /// requests' one-off costs do not count.
     #[arg(long, default_value_t = 1.0)]
@@ -67,9 +69,11 @@ struct SideBySideArgs {
     /// Benchmark only one of the two servers.
     #[arg(long, value_enum)]
     only: Option<Kind>,
-    /// Comma-separated subset of workloads to run (default: all, in this order).
+    /// Comma-separated workloads or groups to run (default: all). `kv` and `locks` name the two
+    /// groups. Workloads always run (and are tabled) in the order of the possible values
+    /// below, whatever the order given, so each baton.v1 row sits under its v3lock row.
     #[arg(long, value_enum, value_delimiter = ',')]
-    workloads: Vec<Workload>,
+    workloads: Vec<Selection>,
     /// Concurrent clients in the multi-client workloads.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
     clients: u64,
@@ -82,6 +86,10 @@ struct SideBySideArgs {
     /// Bytes per value.
     #[arg(long, default_value_t = 256)]
     value_size: usize,
+    /// TTL of each lock contender's session lease, kept alive in the background. It only
+    /// matters if the benchmark stalls: it is what ends a contender that stopped renewing.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    lock_ttl_secs: u64,
     /// Directory in which to create the servers' temporary data directories (default: the
     /// system temp dir). Point it at a real disk if /tmp is a tmpfs, or fsync costs nothing.
     #[arg(long)]
@@ -120,11 +128,7 @@ async fn side_by_side(args: SideBySideArgs) -> Result<()> {
         Some(kind) => vec![kind],
         None => vec![Kind::Etcd, Kind::Baton],
     };
-    let workloads = if args.workloads.is_empty() {
-        Workload::ALL.to_vec()
-    } else {
-        args.workloads.clone()
-    };
+    let workloads = workload::resolve(&args.workloads);
     let baton_bin = resolve_bin(
         args.baton_bin
             .clone()
@@ -139,9 +143,11 @@ async fn side_by_side(args: SideBySideArgs) -> Result<()> {
         key_space: args.key_space,
         value_size: args.value_size,
         warmup: Duration::try_from_secs_f64(args.warmup_secs).context("--warmup-secs")?,
-        duration: Duration::from_secs(args.duration_secs),
+        duration: Duration::from_secs(args.duration_secs.unwrap_or(10)),
+        lock_duration: Duration::from_secs(args.duration_secs.unwrap_or(5)),
+        lock_ttl: Duration::from_secs(args.lock_ttl_secs),
     };
-    if cfg.duration.is_zero() {
+    if args.duration_secs == Some(0) {
         bail!("--duration-secs must be at least 1");
     }
 
@@ -155,6 +161,10 @@ async fn side_by_side(args: SideBySideArgs) -> Result<()> {
         }
     }
     let mut servers = BTreeMap::new();
+    // Runs that cannot happen, and why: printed under the table so a missing row is explained.
+    let mut notes = Vec::new();
+    // (server, lock API) pairs the server answered UNIMPLEMENTED for.
+    let mut unsupported = Vec::new();
     for &kind in &kinds {
         eprintln!("starting {kind} …");
         let server = match kind {
@@ -164,12 +174,49 @@ async fn side_by_side(args: SideBySideArgs) -> Result<()> {
         workload::prepare(&server.endpoint, cfg.value_size)
             .await
             .with_context(|| format!("preparing {kind}"))?;
+        // Probe each lock API once before measuring, so that a server without it (Baton
+        // before its lock service exists) costs a note instead of the whole benchmark.
+        let mut apis = Vec::new();
+        for shape in workloads
+            .iter()
+            .filter(|w| w.runs_on(kind))
+            .filter_map(|w| w.lock_shape())
+        {
+            if !apis.contains(&shape.api) {
+                apis.push(shape.api);
+            }
+        }
+        for api in apis {
+            let probe = locks::probe(&server.endpoint, api, cfg.lock_ttl)
+                .await
+                .with_context(|| format!("probing {kind}'s {api} lock service"))?;
+            if let Some(why) = probe {
+                eprintln!("{kind} does not serve {api}; skipping its {api} runs ({why})");
+                notes.push(format!(
+                    "{kind} does not implement {api} (UNIMPLEMENTED); its {api} rows were not run"
+                ));
+                unsupported.push((kind, api));
+            }
+        }
         eprintln!("{kind} is serving on {}", server.endpoint);
         servers.insert(kind, server);
     }
+    let runnable = |w: Workload, kind: Kind| {
+        w.runs_on(kind)
+            && !w
+                .lock_shape()
+                .is_some_and(|s| unsupported.contains(&(kind, s.api)))
+    };
+    if args.only == Some(Kind::Etcd) && workloads.iter().any(|w| !w.runs_on(Kind::Etcd)) {
+        notes.push("baton.v1 rows were not run: --only etcd, and etcd has no baton.v1".into());
+    }
 
     let rounds = args.rounds as usize;
-    let total = workloads.len() * rounds * kinds.len();
+    let total = rounds
+        * workloads
+            .iter()
+            .map(|&w| kinds.iter().filter(|&&k| runnable(w, k)).count())
+            .sum::<usize>();
     let mut samples = Vec::with_capacity(total);
     for &workload in &workloads {
         let label = workload.label(&cfg);
@@ -180,7 +227,7 @@ async fn side_by_side(args: SideBySideArgs) -> Result<()> {
             if round % 2 == 1 {
                 order.reverse();
             }
-            for kind in order {
+            for kind in order.into_iter().filter(|&k| runnable(workload, k)) {
                 let server = servers.get_mut(&kind).expect("started above");
                 eprint!(
                     "[{}/{total}] {label} | {kind} | round {}/{rounds} … ",
@@ -200,9 +247,16 @@ async fn side_by_side(args: SideBySideArgs) -> Result<()> {
                 } else {
                     String::new()
                 };
+                let latency = match workload.group() {
+                    Group::Kv => "",
+                    Group::Locks => "acquire ",
+                };
                 eprintln!(
-                    "{:.0} ops/s, p50 {:.3} ms, p99 {:.3} ms{errors}",
-                    result.ops_per_sec, result.p50_ms, result.p99_ms
+                    "{:.0} {}, {latency}p50 {:.3} ms, p99 {:.3} ms{errors}",
+                    result.ops_per_sec,
+                    workload.unit(),
+                    result.p50_ms,
+                    result.p99_ms
                 );
                 samples.push(Sample {
                     workload,
@@ -234,7 +288,7 @@ async fn side_by_side(args: SideBySideArgs) -> Result<()> {
         load: cfg,
         data_root,
     };
-    let report = Report::new(meta, &workloads, samples);
+    let report = Report::new(meta, &workloads, samples, notes);
     print!("{}", report.markdown());
     if let Some(path) = &args.json {
         let json = serde_json::to_string_pretty(&report).context("encoding the JSON report")?;

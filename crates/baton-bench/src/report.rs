@@ -9,7 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 
 use crate::server::Kind;
-use crate::workload::{LoadConfig, RunResult, Workload};
+use crate::workload::{Group, LoadConfig, RunResult, Workload};
 
 /// Where and with what the benchmark ran.
 #[derive(Debug, Serialize)]
@@ -104,55 +104,74 @@ pub struct Row {
     pub label: String,
     pub etcd: Option<Stats>,
     pub baton: Option<Stats>,
-    /// Baton throughput / etcd throughput.
+    /// Baton throughput / etcd throughput (of `ratio_against` if set).
     pub ratio: Option<f64>,
+    /// The workload whose etcd throughput `ratio` divides by, when not this row's own: the
+    /// baton.v1 rows, which etcd cannot run, are compared with its v3lock rows.
+    pub ratio_against: Option<Workload>,
 }
 
 #[derive(Debug, Serialize)]
 pub struct Report {
     pub meta: Meta,
     pub rows: Vec<Row>,
+    /// Why some rows are missing (a server without a lock API, `--only`).
+    pub notes: Vec<String>,
     pub samples: Vec<Sample>,
 }
 
 impl Report {
-    pub fn new(meta: Meta, workloads: &[Workload], samples: Vec<Sample>) -> Report {
+    pub fn new(
+        meta: Meta,
+        workloads: &[Workload],
+        samples: Vec<Sample>,
+        notes: Vec<String>,
+    ) -> Report {
+        let stats = |workload, server| {
+            let runs: Vec<&RunResult> = samples
+                .iter()
+                .filter(|s| s.workload == workload && s.server == server)
+                .map(|s| &s.result)
+                .collect();
+            (!runs.is_empty()).then(|| Stats {
+                ops_per_sec: median(runs.iter().map(|r| r.ops_per_sec)),
+                p50_ms: median(runs.iter().map(|r| r.p50_ms)),
+                p99_ms: median(runs.iter().map(|r| r.p99_ms)),
+                errors: runs.iter().map(|r| r.errors).sum(),
+            })
+        };
         let rows = workloads
             .iter()
-            .map(|&workload| {
-                let stats = |server| {
-                    let runs: Vec<&RunResult> = samples
-                        .iter()
-                        .filter(|s| s.workload == workload && s.server == server)
-                        .map(|s| &s.result)
-                        .collect();
-                    (!runs.is_empty()).then(|| Stats {
-                        ops_per_sec: median(runs.iter().map(|r| r.ops_per_sec)),
-                        p50_ms: median(runs.iter().map(|r| r.p50_ms)),
-                        p99_ms: median(runs.iter().map(|r| r.p99_ms)),
-                        errors: runs.iter().map(|r| r.errors).sum(),
-                    })
+            .filter_map(|&workload| {
+                let etcd = stats(workload, Kind::Etcd);
+                let baton = stats(workload, Kind::Baton);
+                if etcd.is_none() && baton.is_none() {
+                    // Never ran (see the notes): a row of dashes would say nothing.
+                    return None;
+                }
+                let ratio_against = workload.ratio_base();
+                let etcd_ops = match ratio_against {
+                    Some(base) => stats(base, Kind::Etcd).map(|s| s.ops_per_sec),
+                    None => etcd.as_ref().map(|s| s.ops_per_sec),
                 };
-                let etcd = stats(Kind::Etcd);
-                let baton = stats(Kind::Baton);
-                let ratio = match (&etcd, &baton) {
-                    (Some(e), Some(b)) if e.ops_per_sec > 0.0 => {
-                        Some(b.ops_per_sec / e.ops_per_sec)
-                    }
+                let ratio = match (etcd_ops, &baton) {
+                    (Some(e), Some(b)) if e > 0.0 => Some(b.ops_per_sec / e),
                     _ => None,
                 };
-                Row {
+                Some(Row {
                     workload,
                     label: workload.label(&meta.load),
                     etcd,
                     baton,
                     ratio,
-                }
+                    ratio_against,
+                })
             })
             .collect();
         Report {
             meta,
             rows,
+            notes,
             samples,
         }
     }
@@ -190,41 +209,79 @@ impl Report {
             }
         }
         let l = &m.load;
+        let has = |group| self.rows.iter().any(|r| r.workload.group() == group);
         let _ = writeln!(
             out,
-            "- load: {:.0} s warm-up + {:.0} s measured per run, {} round(s) per server \
-             alternating, medians shown; {} keys, {}-byte values; fsync on; data in {}\n",
+            "- load: {:.0} s warm-up per run, {} round(s) per server alternating, medians \
+             shown; fsync on; data in {}",
             l.warmup.as_secs_f64(),
-            l.duration.as_secs_f64(),
             m.rounds,
-            l.key_space,
-            l.value_size,
             m.data_root.display()
         );
-        let _ = writeln!(
-            out,
-            "| workload | etcd ops/s | baton ops/s | ratio (baton/etcd) | etcd p50 ms | \
-             baton p50 ms | etcd p99 ms | baton p99 ms |"
-        );
-        let _ = writeln!(out, "|---|--:|--:|--:|--:|--:|--:|--:|");
-        for row in &self.rows {
-            let col = |s: &Option<Stats>, f: fn(&Stats) -> String| {
-                s.as_ref().map(f).unwrap_or_else(|| "–".into())
-            };
+        if has(Group::Kv) {
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} | {} |",
-                row.label,
-                col(&row.etcd, |s| format!("{:.0}", s.ops_per_sec)),
-                col(&row.baton, |s| format!("{:.0}", s.ops_per_sec)),
-                row.ratio
-                    .map(|r| format!("{r:.2}"))
-                    .unwrap_or_else(|| "–".into()),
-                col(&row.etcd, |s| fmt_ms(s.p50_ms)),
-                col(&row.baton, |s| fmt_ms(s.p50_ms)),
-                col(&row.etcd, |s| fmt_ms(s.p99_ms)),
-                col(&row.baton, |s| fmt_ms(s.p99_ms)),
+                "- kv workloads: {:.0} s measured per run; {} keys, {}-byte values",
+                l.duration.as_secs_f64(),
+                l.key_space,
+                l.value_size
             );
+        }
+        if has(Group::Locks) {
+            let _ = writeln!(
+                out,
+                "- lock workloads: {:.0} s measured per run; each contender has its own \
+                 connection and session (a {:.0} s lease kept alive) and loops lock, empty \
+                 critical section, unlock; cycles/s = completed lock+unlock cycles per second, \
+                 all contenders together; latency = acquire (Lock sent → answered)",
+                l.lock_duration.as_secs_f64(),
+                l.lock_ttl.as_secs_f64()
+            );
+        }
+        let _ = writeln!(out);
+        for (group, unit, latency) in [
+            (Group::Kv, "ops/s", ""),
+            (Group::Locks, "cycles/s", "acquire "),
+        ] {
+            if !has(group) {
+                continue;
+            }
+            let _ = writeln!(
+                out,
+                "| workload | etcd {unit} | baton {unit} | ratio (baton/etcd) | \
+                 etcd {latency}p50 ms | baton {latency}p50 ms | \
+                 etcd {latency}p99 ms | baton {latency}p99 ms |"
+            );
+            let _ = writeln!(out, "|---|--:|--:|--:|--:|--:|--:|--:|");
+            for row in self.rows.iter().filter(|r| r.workload.group() == group) {
+                let col = |s: &Option<Stats>, f: fn(&Stats) -> String| {
+                    s.as_ref().map(f).unwrap_or_else(|| "–".into())
+                };
+                let ratio = match (row.ratio, row.ratio_against) {
+                    (Some(r), None) => format!("{r:.2}"),
+                    (Some(r), Some(_)) => format!("{r:.2} (vs etcd v3lock)"),
+                    (None, _) => "–".into(),
+                };
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | {ratio} | {} | {} | {} | {} |",
+                    row.label,
+                    col(&row.etcd, |s| format!("{:.0}", s.ops_per_sec)),
+                    col(&row.baton, |s| format!("{:.0}", s.ops_per_sec)),
+                    col(&row.etcd, |s| fmt_ms(s.p50_ms)),
+                    col(&row.baton, |s| fmt_ms(s.p50_ms)),
+                    col(&row.etcd, |s| fmt_ms(s.p99_ms)),
+                    col(&row.baton, |s| fmt_ms(s.p99_ms)),
+                );
+            }
+            if group == Group::Locks && self.rows.iter().any(|r| r.ratio_against.is_some()) {
+                let _ = writeln!(
+                    out,
+                    "\nbaton.v1 rows: Baton's own Acquire/Release, which etcd has no equivalent \
+                     of; their ratio is against etcd's v3lock row of the same shape."
+                );
+            }
+            let _ = writeln!(out);
         }
         let failed: Vec<String> = self
             .rows
@@ -234,7 +291,7 @@ impl Report {
                     .into_iter()
                     .filter_map(move |(name, s)| match s {
                         Some(s) if s.errors > 0 => Some(format!(
-                            "{}: {name} had {} failed requests",
+                            "{}: {name} had {} failed requests or checks",
                             row.label, s.errors
                         )),
                         _ => None,
@@ -244,10 +301,17 @@ impl Report {
         if !failed.is_empty() {
             let _ = writeln!(
                 out,
-                "\nErrors (see the JSON for the first message of each run):"
+                "Errors (see the JSON for the first message of each run):"
             );
             for line in failed {
                 let _ = writeln!(out, "- {line}");
+            }
+            let _ = writeln!(out);
+        }
+        if !self.notes.is_empty() {
+            let _ = writeln!(out, "Not run:");
+            for note in &self.notes {
+                let _ = writeln!(out, "- {note}");
             }
         }
         out

@@ -54,6 +54,31 @@ pub enum Command {
     LeaseCheckpoint {
         checkpoints: Vec<(LeaseId, i64)>,
     },
+    /// Joins the FIFO queue of lock (or election) `name`: creates the waiter key
+    /// `<name>/<lease in lowercase hex>` with `value` and `lease` unless it exists (etcd's
+    /// `If create_revision(key) == 0 Then Put`), so enqueueing twice with one lease is a
+    /// no-op returning the same key. Registers the lock in the lock registry and, when
+    /// `delay_ms` is `Some`, sets its lock-delay. `lease` must not be `NONE`.
+    LockEnqueue {
+        name: Vec<u8>,
+        lease: LeaseId,
+        value: Vec<u8>,
+        delay_ms: Option<u64>,
+    },
+    /// Operator action: deletes the holder (the queue's head) of lock `name` and records
+    /// `reason` in the lock's force-release history. `token != 0` releases only a holder
+    /// whose key has that create revision.
+    LockForceRelease {
+        name: Vec<u8>,
+        token: i64,
+        reason: String,
+    },
+    /// The fence gate: accepts `token` iff it is at least the highest token recorded for
+    /// `resource`, and then records it. Changes no key (and so no revision).
+    FenceCheck {
+        resource: Vec<u8>,
+        token: i64,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -204,6 +229,42 @@ pub enum KvError {
     FutureRevision,
     #[error("etcdserver: request is too large")]
     RequestTooLarge,
+    // ---- Baton's own (locks and fencing); not etcd's, so the messages say "baton:" ----
+    /// etcd's server silently grants a 60 s lease for `lease = 0` and orphans it, so the lock
+    /// vanishes a minute later with no signal (dotnet-etcd#321). Baton refuses instead.
+    #[error(
+        "baton: a lease is required (lease = 0); etcd would silently attach an orphan 60 s \
+         lease here and the lock would vanish without notice"
+    )]
+    LeaseRequired,
+    #[error("baton: lock name is not provided")]
+    EmptyLockName,
+    #[error("baton: fence resource is not provided")]
+    EmptyFenceResource,
+    #[error("baton: fencing token must be positive")]
+    InvalidFencingToken,
+    #[error("baton: a reason is required for a force-release")]
+    ReasonRequired,
+    #[error(
+        "baton: force-release reason is longer than {} bytes",
+        crate::locks::MAX_REASON_BYTES
+    )]
+    ReasonTooLong,
+    /// The lock is not held by the key/token the caller named.
+    #[error("baton: not the holder")]
+    NotHolder,
+    #[error(
+        "baton: lock delay is longer than {} ms",
+        crate::locks::MAX_LOCK_DELAY_MS
+    )]
+    LockDelayTooLong,
+    #[error("baton: lock registry is full ({} locks)", crate::locks::MAX_LOCKS)]
+    LockRegistryFull,
+    #[error(
+        "baton: fence table is full ({} resources)",
+        crate::locks::MAX_FENCE_RESOURCES
+    )]
+    FenceTableFull,
 }
 
 /// The result of applying one entry.
@@ -225,9 +286,32 @@ pub enum Response {
     DeleteRange(DeleteRangeResponse),
     Txn(TxnResponse),
     Compact,
-    LeaseGrant { id: LeaseId, ttl_s: i64 },
+    LeaseGrant {
+        id: LeaseId,
+        ttl_s: i64,
+    },
     LeaseRevoke,
-    ExpireLeases { expired: Vec<LeaseId> },
+    /// `expired_holders`: keys deleted by this expiry that were the head of a registered
+    /// lock's queue (before the entry), in deletion order. Lock-delay starts for those.
+    ExpireLeases {
+        expired: Vec<LeaseId>,
+        expired_holders: Vec<Vec<u8>>,
+    },
     LeaseCheckpoint,
+    /// `kv` is the waiter key as it is after the command; `created` is false when it already
+    /// existed (the same lease enqueued before).
+    LockEnqueue {
+        kv: KeyValue,
+        created: bool,
+    },
+    /// The deleted holder; `None` when nobody held the lock.
+    LockForceRelease {
+        released: Option<KeyValue>,
+    },
+    /// `highest` is the highest token recorded for the resource after the check.
+    FenceCheck {
+        accepted: bool,
+        highest: i64,
+    },
     Error(KvError),
 }

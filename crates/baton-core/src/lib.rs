@@ -11,9 +11,13 @@
 //! - a txn is one revision, and a key may not be modified twice in it;
 //! - a failed command changes nothing;
 //! - revoking or expiring a lease deletes all its keys in one revision;
-//! - history below the compact revision is gone, reads there fail with `Compacted`.
+//! - history below the compact revision is gone, reads there fail with `Compacted`;
+//! - a lock's holder is the head of its queue (live keys under `<name>/` by create
+//!   revision), so fencing tokens (the holder key's create revision) only grow;
+//! - a fence check accepts a token iff it is `>=` the highest recorded for the resource.
 //!
-//! Codemap: `command`/`types` are the contract with the raft and server crates;
+//! Codemap: `command`/`types` are the contract with the raft and server crates; `locks` is
+//! the lock registry (lock-delay, force-release history, queue index) and the fence table;
 //! `state_machine` checks then executes each entry; `mvcc` (private) holds every version of
 //! every key plus a revision-ordered change index; `validate` (private) holds etcd's
 //! stateless request checks; `watch` is the node-local watch hub; `crc32` (private) backs
@@ -21,6 +25,7 @@
 
 pub mod command;
 mod crc32;
+pub mod locks;
 mod mvcc;
 pub mod state_machine;
 pub mod types;
@@ -28,6 +33,11 @@ mod validate;
 pub mod watch;
 
 pub use command::*;
+pub use locks::{
+    lock_key, lock_name_of, lock_prefix, prefix_end, ForceReleaseRecord, LockInfo,
+    FORCE_RELEASE_RETENTION_MS, MAX_FENCE_RESOURCES, MAX_FORCE_RELEASE_RECORDS, MAX_LOCKS,
+    MAX_LOCK_DELAY_MS, MAX_REASON_BYTES,
+};
 pub use state_machine::{HistoryBatch, LeaseInfo, SnapshotError, StateMachine};
 pub use types::*;
 pub use watch::{WatchHub, WatchOutput, WatchSpec, WatcherId};

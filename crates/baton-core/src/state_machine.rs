@@ -17,6 +17,10 @@ use crate::command::{
     RequestOp, Response, ResponseOp, SortOrder, SortTarget, TxnRequest, TxnResponse,
 };
 use crate::crc32::{crc32, Crc32};
+use crate::locks::{
+    lock_key, lock_names_of, lock_prefix, FenceDecision, FenceTable, ForceReleaseRecord, LockInfo,
+    LockRecord, LockTable, Queue,
+};
 use crate::mvcc::{key_value, visible_at, KeyStore, Live, Version};
 use crate::types::{Event, EventKind, KeyRange, KeyValue, LeaseId, LogIndex, Revision, Term};
 use crate::validate;
@@ -64,7 +68,10 @@ const FIRST_REVISION: i64 = 1;
 
 /// Snapshot format version, the first byte of every snapshot. Bump it when `SnapshotBody`
 /// changes shape; `restore` refuses versions it does not know instead of misreading them.
-const SNAPSHOT_FORMAT: u8 = 1;
+/// Format 1 (before locks and fences) is still read, as a state with an empty lock registry
+/// and fence table.
+const SNAPSHOT_FORMAT: u8 = 2;
+const SNAPSHOT_FORMAT_V1: u8 = 1;
 
 /// Everything `snapshot` writes, borrowed (so snapshotting does not clone the store).
 #[derive(Serialize)]
@@ -76,6 +83,8 @@ struct SnapshotBodyRef<'a> {
     keys: &'a BTreeMap<Vec<u8>, Vec<Version>>,
     changes: &'a BTreeMap<i64, Vec<Vec<u8>>>,
     leases: &'a BTreeMap<LeaseId, LeaseRecord>,
+    locks: &'a BTreeMap<Vec<u8>, LockRecord>,
+    fences: &'a BTreeMap<Vec<u8>, i64>,
 }
 
 /// The owned twin of `SnapshotBodyRef`; bincode is positional, so the two must list the same
@@ -89,6 +98,36 @@ struct SnapshotBody {
     keys: BTreeMap<Vec<u8>, Vec<Version>>,
     changes: BTreeMap<i64, Vec<Vec<u8>>>,
     leases: BTreeMap<LeaseId, LeaseRecord>,
+    locks: BTreeMap<Vec<u8>, LockRecord>,
+    fences: BTreeMap<Vec<u8>, i64>,
+}
+
+/// Format 1's body: `SnapshotBody` without locks and fences.
+#[derive(Deserialize)]
+struct SnapshotBodyV1 {
+    revision: i64,
+    compact_revision: i64,
+    last_applied: Option<(LogIndex, Term)>,
+    last_time_ms: u64,
+    keys: BTreeMap<Vec<u8>, Vec<Version>>,
+    changes: BTreeMap<i64, Vec<Vec<u8>>>,
+    leases: BTreeMap<LeaseId, LeaseRecord>,
+}
+
+impl From<SnapshotBodyV1> for SnapshotBody {
+    fn from(b: SnapshotBodyV1) -> Self {
+        SnapshotBody {
+            revision: b.revision,
+            compact_revision: b.compact_revision,
+            last_applied: b.last_applied,
+            last_time_ms: b.last_time_ms,
+            keys: b.keys,
+            changes: b.changes,
+            leases: b.leases,
+            locks: BTreeMap::new(),
+            fences: BTreeMap::new(),
+        }
+    }
 }
 
 /// The whole replicated state. See the crate docs for the invariants.
@@ -96,6 +135,9 @@ struct SnapshotBody {
 pub struct StateMachine {
     store: KeyStore,
     leases: BTreeMap<LeaseId, LeaseRecord>,
+    /// Lock registry (lock-delay, force-release history) and its queue index.
+    locks: LockTable,
+    fences: FenceTable,
     revision: i64,
     /// 1 (the empty store) until the first compaction: nothing before it can be lost.
     compact_revision: i64,
@@ -123,6 +165,8 @@ impl StateMachine {
         StateMachine {
             store: KeyStore::default(),
             leases: BTreeMap::new(),
+            locks: LockTable::default(),
+            fences: FenceTable::default(),
             revision: FIRST_REVISION,
             compact_revision: FIRST_REVISION,
             last_applied: None,
@@ -150,7 +194,10 @@ impl StateMachine {
             events: Vec::new(),
         };
         let response = match self.apply_command(&entry.command, &mut w) {
-            Ok(r) => r,
+            Ok(r) => {
+                self.collect_idle_locks(&entry.command, &w.events);
+                r
+            }
             Err(e) => {
                 assert!(w.events.is_empty(), "a failed command wrote something");
                 Response::Error(e)
@@ -214,6 +261,10 @@ impl StateMachine {
                 Ok(Response::LeaseRevoke)
             }
             Command::ExpireLeases { ids } => {
+                // Which of the doomed keys head a registered lock, judged on the state before
+                // the entry: a waiter behind an expiring holder never held the lock, even if
+                // its own lease expires in the same entry.
+                let holders = self.expiring_holders(ids);
                 let mut expired = Vec::new();
                 for id in ids {
                     // Unknown (already revoked, or listed twice) ids are ignored: the leader's
@@ -223,7 +274,25 @@ impl StateMachine {
                         expired.push(*id);
                     }
                 }
-                Ok(Response::ExpireLeases { expired })
+                let now = self.last_time_ms;
+                let mut expired_holders = Vec::with_capacity(holders.len());
+                for (key, names) in holders {
+                    for name in names {
+                        let record = self
+                            .locks
+                            .record_mut(&name)
+                            .expect("a lock with a key is registered until idle");
+                        if record.delay_ms > 0 {
+                            let until = now.saturating_add(record.delay_ms);
+                            record.delayed_until_ms = record.delayed_until_ms.max(until);
+                        }
+                    }
+                    expired_holders.push(key);
+                }
+                Ok(Response::ExpireLeases {
+                    expired,
+                    expired_holders,
+                })
             }
             Command::LeaseCheckpoint { checkpoints } => {
                 for (id, remaining_ms) in checkpoints {
@@ -233,7 +302,189 @@ impl StateMachine {
                 }
                 Ok(Response::LeaseCheckpoint)
             }
+            Command::LockEnqueue {
+                name,
+                lease,
+                value,
+                delay_ms,
+            } => {
+                let key = lock_key(name, *lease);
+                let exists = self.store.latest(&key).is_some();
+                // etcd's `If create_revision(key) == 0 Then Put(key, value, lease)`: the lease
+                // is checked only when the put runs.
+                if !exists && !self.leases.contains_key(lease) {
+                    return Err(KvError::LeaseNotFound);
+                }
+                self.ensure_registered(name)?;
+                if let Some(d) = delay_ms {
+                    self.locks
+                        .record_mut(name)
+                        .expect("just registered")
+                        .delay_ms = *d;
+                }
+                if !exists {
+                    let put = PutRequest {
+                        key: key.clone(),
+                        value: value.clone(),
+                        lease: *lease,
+                        ..PutRequest::default()
+                    };
+                    self.exec_put(&put, w);
+                }
+                let (m, live) = self.store.latest(&key).expect("waiter key exists");
+                Ok(Response::LockEnqueue {
+                    kv: key_value(&key, m, live),
+                    created: !exists,
+                })
+            }
+            Command::LockForceRelease {
+                name,
+                token,
+                reason,
+            } => {
+                let head = self.lock_head(name);
+                if *token != 0 && head.as_ref().map(|h| h.create_revision.0) != Some(*token) {
+                    return Err(KvError::NotHolder);
+                }
+                let Some(head) = head else {
+                    return Ok(Response::LockForceRelease { released: None });
+                };
+                self.ensure_registered(name)?;
+                let at_ms = self.last_time_ms;
+                self.locks
+                    .record_mut(name)
+                    .expect("just registered")
+                    .push_force_release(ForceReleaseRecord {
+                        key: head.key.clone(),
+                        token: head.create_revision.0,
+                        reason: reason.clone(),
+                        at_ms,
+                    });
+                self.delete_key(head.clone(), w);
+                Ok(Response::LockForceRelease {
+                    released: Some(head),
+                })
+            }
+            Command::FenceCheck { resource, token } => match self.fences.decide(resource, *token) {
+                Err(()) => Err(KvError::FenceTableFull),
+                Ok(FenceDecision::Reject { highest }) => Ok(Response::FenceCheck {
+                    accepted: false,
+                    highest,
+                }),
+                Ok(FenceDecision::Accept) => {
+                    self.fences.record(resource, *token);
+                    Ok(Response::FenceCheck {
+                        accepted: true,
+                        highest: *token,
+                    })
+                }
+            },
         }
+    }
+
+    /// Registers lock `name` (with its current queue) unless it is; when the registry is
+    /// full, first drops every idle lock. Fails (changing nothing: if nothing was idle,
+    /// nothing was dropped) when that frees no room.
+    fn ensure_registered(&mut self, name: &[u8]) -> Result<(), KvError> {
+        if self.locks.is_registered(name) {
+            return Ok(());
+        }
+        if self.locks.is_full() {
+            self.locks.collect_all_idle(self.last_time_ms);
+            if self.locks.is_full() {
+                return Err(KvError::LockRegistryFull);
+            }
+        }
+        let queue = self.scan_queue(name);
+        self.locks.register(name, queue);
+        Ok(())
+    }
+
+    /// `(key, lock names it heads)` for every key the listed leases would delete that heads
+    /// at least one registered lock, in deletion order.
+    fn expiring_holders(&self, ids: &[LeaseId]) -> Vec<(Vec<u8>, Vec<Vec<u8>>)> {
+        let mut holders = Vec::new();
+        if self.locks.is_empty() {
+            return holders;
+        }
+        let mut seen = BTreeSet::new();
+        for id in ids {
+            if !seen.insert(*id) {
+                continue;
+            }
+            let Some(lease) = self.leases.get(id) else {
+                continue;
+            };
+            for key in &lease.keys {
+                let (_, live) = self
+                    .store
+                    .latest(key)
+                    .expect("a lease lists only live keys");
+                let names: Vec<Vec<u8>> = lock_names_of(key)
+                    .filter(|name| {
+                        self.locks
+                            .queue(name)
+                            .and_then(|q| q.first())
+                            .is_some_and(|(rev, k)| {
+                                *rev == live.create_revision && k.as_slice() == key.as_slice()
+                            })
+                    })
+                    .map(<[u8]>::to_vec)
+                    .collect();
+                if !names.is_empty() {
+                    holders.push((key.clone(), names));
+                }
+            }
+        }
+        holders
+    }
+
+    /// Registry garbage collection after a successful command: every registered lock that
+    /// lost a key in this entry, or that the command named, is dropped if now idle.
+    fn collect_idle_locks(&mut self, cmd: &Command, events: &[Event]) {
+        if self.locks.is_empty() {
+            return;
+        }
+        let mut touched: BTreeSet<Vec<u8>> = BTreeSet::new();
+        for e in events.iter().filter(|e| e.kind == EventKind::Delete) {
+            for name in lock_names_of(&e.kv.key) {
+                if self.locks.is_registered(name) {
+                    touched.insert(name.to_vec());
+                }
+            }
+        }
+        if let Command::LockForceRelease { name, .. } = cmd {
+            touched.insert(name.clone());
+        }
+        let now = self.last_time_ms;
+        for name in touched {
+            self.locks.collect_if_idle(&name, now);
+        }
+    }
+
+    /// Lock `name`'s queue read from the key space (for unregistered locks and to build the
+    /// index): `O(keys under the prefix, tombstones included)`.
+    fn scan_queue(&self, name: &[u8]) -> Queue {
+        let range = lock_prefix(name);
+        self.store
+            .range(&range)
+            .filter_map(|(k, vs)| {
+                let live = vs.last()?.live.as_ref()?;
+                Some((live.create_revision, k.clone()))
+            })
+            .collect()
+    }
+
+    fn with_queue<R>(&self, name: &[u8], f: impl FnOnce(&Queue) -> R) -> R {
+        match self.locks.queue(name) {
+            Some(q) => f(q),
+            None => f(&self.scan_queue(name)),
+        }
+    }
+
+    fn live_kv(&self, key: &[u8]) -> KeyValue {
+        let (m, live) = self.store.latest(key).expect("queued keys are live");
+        key_value(key, m, live)
     }
 
     /// Stateless checks the server runs before proposing, so bad input is refused without a
@@ -289,6 +540,57 @@ impl StateMachine {
         self.leases.keys().copied().collect()
     }
 
+    /// Whether the lease exists (cheaper than `lease`, which copies its key list).
+    pub fn lease_exists(&self, id: LeaseId) -> bool {
+        self.leases.contains_key(&id)
+    }
+
+    /// The head of lock `name`'s queue: the first live key under `<name>/` by create
+    /// revision (ties in key order). Its create revision is the fencing token.
+    /// `O(log n)` for registered locks, a prefix scan otherwise.
+    pub fn lock_head(&self, name: &[u8]) -> Option<KeyValue> {
+        self.with_queue(name, |q| q.first().map(|(_, k)| self.live_kv(k)))
+    }
+
+    /// The key just ahead of `(create_revision, key)` in lock `name`'s queue: what that
+    /// waiter must see deleted before it can hold the lock. `None` means it is the head.
+    pub fn lock_predecessor(
+        &self,
+        name: &[u8],
+        create_revision: Revision,
+        key: &[u8],
+    ) -> Option<KeyValue> {
+        self.with_queue(name, |q| {
+            q.range(..(create_revision.0, key.to_vec()))
+                .next_back()
+                .map(|(_, k)| self.live_kv(k))
+        })
+    }
+
+    /// The first `max` keys of lock `name`'s queue in order, and the queue's length.
+    pub fn lock_queue(&self, name: &[u8], max: usize) -> (Vec<KeyValue>, usize) {
+        self.with_queue(name, |q| {
+            let kvs = q.iter().take(max).map(|(_, k)| self.live_kv(k)).collect();
+            (kvs, q.len())
+        })
+    }
+
+    /// The registry's record of lock `name` (`None` if it is not registered: never enqueued
+    /// through `LockEnqueue`, or idle and collected).
+    pub fn lock_info(&self, name: &[u8]) -> Option<LockInfo> {
+        self.locks.record(name).map(LockRecord::info)
+    }
+
+    /// Number of locks in the registry.
+    pub fn lock_count(&self) -> usize {
+        self.locks.len()
+    }
+
+    /// The highest fencing token recorded for `resource` by `FenceCheck`.
+    pub fn fence_highest(&self, resource: &[u8]) -> Option<i64> {
+        self.fences.get(resource)
+    }
+
     /// Events in `range` with revision `>= from`, at most about `max_events` (a revision is
     /// never split). `Err(KvError::Compacted)` if `from` is at or below the compact revision
     /// (and `from` is not past it).
@@ -340,7 +642,7 @@ impl StateMachine {
             .values()
             .map(|l| 64 + l.keys.iter().map(|k| k.len() as u64 + 16).sum::<u64>())
             .sum();
-        self.store.size_bytes() + leases
+        self.store.size_bytes() + leases + self.locks.size_bytes() + self.fences.size_bytes()
     }
 
     /// A deterministic hash of the key space at `revision` (0 = current), as etcd's HashKV:
@@ -369,6 +671,8 @@ impl StateMachine {
             keys: self.store.keys(),
             changes: self.store.changes(),
             leases: &self.leases,
+            locks: self.locks.records(),
+            fences: self.fences.map(),
         };
         let payload = bincode::serialize(&body).expect("in-memory state always serializes");
         let mut out = Vec::with_capacity(payload.len() + 5);
@@ -384,7 +688,7 @@ impl StateMachine {
         let (&format, rest) = bytes
             .split_first()
             .ok_or_else(|| err("empty snapshot".into()))?;
-        if format != SNAPSHOT_FORMAT {
+        if format != SNAPSHOT_FORMAT && format != SNAPSHOT_FORMAT_V1 {
             return Err(err(format!("unknown snapshot format {format}")));
         }
         if rest.len() < 4 {
@@ -395,15 +699,30 @@ impl StateMachine {
         if crc32(payload) != sum {
             return Err(err("snapshot checksum mismatch".into()));
         }
-        let body: SnapshotBody = bincode::deserialize(payload).map_err(|e| err(e.to_string()))?;
-        let sm = StateMachine {
+        let body: SnapshotBody = if format == SNAPSHOT_FORMAT_V1 {
+            bincode::deserialize::<SnapshotBodyV1>(payload)
+                .map_err(|e| err(e.to_string()))?
+                .into()
+        } else {
+            bincode::deserialize(payload).map_err(|e| err(e.to_string()))?
+        };
+        if body.locks.len() > crate::locks::MAX_LOCKS
+            || body.fences.len() > crate::locks::MAX_FENCE_RESOURCES
+        {
+            return Err(err("lock registry or fence table over capacity".into()));
+        }
+        let mut sm = StateMachine {
             store: KeyStore::from_parts(body.keys, body.changes),
             leases: body.leases,
+            locks: LockTable::default(),
+            fences: FenceTable::from_map(body.fences),
             revision: body.revision,
             compact_revision: body.compact_revision,
             last_applied: body.last_applied,
             last_time_ms: body.last_time_ms,
         };
+        // The queue index is derived: rebuilt from the restored key space.
+        sm.locks = LockTable::from_records(body.locks, |name| sm.scan_queue(name));
         sm.check_invariants().map_err(err)?;
         Ok(sm)
     }
@@ -443,6 +762,8 @@ impl StateMachine {
         if with_lease != attached {
             return Err("a live key names a lease that does not list it".into());
         }
+        self.locks.check_invariants(|name| self.scan_queue(name))?;
+        self.fences.check_invariants()?;
         Ok(())
     }
 
@@ -701,6 +1022,8 @@ impl StateMachine {
         };
         if let Some(prev) = &prev {
             self.detach(prev.lease, &p.key);
+        } else {
+            self.locks.key_created(&p.key, create_revision);
         }
         if !lease.is_none() {
             let record = self
@@ -748,6 +1071,7 @@ impl StateMachine {
     /// Tombstones one live key at `w.rev` and records its delete event.
     fn delete_key(&mut self, prev: KeyValue, w: &mut Writes) {
         self.detach(prev.lease, &prev.key);
+        self.locks.key_deleted(&prev.key, prev.create_revision.0);
         self.store.delete(&prev.key, w.rev);
         w.events.push(Event {
             kind: EventKind::Delete,
@@ -898,6 +1222,146 @@ mod tests {
         assert_eq!(a.hash_kv(2), Err(KvError::Compacted));
         let restored = StateMachine::restore(&a.snapshot()).expect("restore");
         assert_eq!(restored.hash_kv(0), a.hash_kv(0));
+    }
+
+    fn enqueue(name: &str, lease: i64) -> Command {
+        Command::LockEnqueue {
+            name: name.into(),
+            lease: LeaseId(lease),
+            value: Vec::new(),
+            delay_ms: None,
+        }
+    }
+
+    #[test]
+    fn full_lock_registry_collects_idle_locks_or_refuses() {
+        let mut sm = StateMachine::new();
+        sm.locks.set_capacity(2);
+        let mut i = 0;
+        let mut at = |sm: &mut StateMachine, time_ms: u64, command: Command| {
+            i += 1;
+            sm.apply(&Entry {
+                index: LogIndex(i),
+                term: Term(1),
+                time_ms,
+                command,
+            })
+        };
+        at(
+            &mut sm,
+            0,
+            Command::LeaseGrant {
+                id: LeaseId(1),
+                ttl_s: 60,
+            },
+        );
+        assert!(matches!(
+            at(&mut sm, 0, enqueue("a", 1)).response,
+            Response::LockEnqueue { .. }
+        ));
+        assert!(matches!(
+            at(&mut sm, 0, enqueue("b", 1)).response,
+            Response::LockEnqueue { .. }
+        ));
+        let before = sm.snapshot();
+        let full = at(&mut sm, 0, enqueue("c", 1));
+        assert_eq!(full.response, Response::Error(KvError::LockRegistryFull));
+        assert!(full.events.is_empty());
+        // Nothing changed but the applied index and time.
+        let mut cmp = StateMachine::restore(&before).expect("restore");
+        cmp.last_applied = sm.last_applied;
+        assert_eq!(cmp.snapshot(), sm.snapshot());
+        // A force-release keeps "a" registered (its record) after its only key is gone...
+        let fr = at(
+            &mut sm,
+            10,
+            Command::LockForceRelease {
+                name: "a".into(),
+                token: 0,
+                reason: "test".into(),
+            },
+        );
+        assert!(matches!(
+            fr.response,
+            Response::LockForceRelease { released: Some(_) }
+        ));
+        assert_eq!(sm.lock_count(), 2);
+        assert_eq!(
+            at(&mut sm, 20, enqueue("c", 1)).response,
+            Response::Error(KvError::LockRegistryFull)
+        );
+        // ...until the record ages out; then a registration at capacity sweeps it away.
+        let later = 10 + crate::locks::FORCE_RELEASE_RETENTION_MS;
+        assert!(matches!(
+            at(&mut sm, later, enqueue("c", 1)).response,
+            Response::LockEnqueue { .. }
+        ));
+        assert_eq!(sm.lock_info(b"a"), None);
+        assert!(sm.lock_info(b"c").is_some());
+        // Deleting a lock's last key collects it at once when nothing else is pending.
+        at(
+            &mut sm,
+            later,
+            Command::DeleteRange(DeleteRangeRequest {
+                range: KeyRange {
+                    key: b"b/1".to_vec(),
+                    range_end: Vec::new(),
+                },
+                prev_kv: false,
+            }),
+        );
+        assert_eq!(sm.lock_info(b"b"), None);
+        assert_eq!(sm.lock_count(), 1);
+        sm.check_invariants().expect("invariants");
+    }
+
+    #[test]
+    fn full_fence_table_refuses_new_resources_only() {
+        let mut sm = StateMachine::new();
+        sm.fences.set_capacity(1);
+        let fence = |r: &str, token: i64| Command::FenceCheck {
+            resource: r.into(),
+            token,
+        };
+        sm.apply(&entry(1, fence("r", 5)));
+        assert_eq!(
+            sm.apply(&entry(2, fence("s", 5))).response,
+            Response::Error(KvError::FenceTableFull)
+        );
+        assert_eq!(
+            sm.apply(&entry(3, fence("r", 7))).response,
+            Response::FenceCheck {
+                accepted: true,
+                highest: 7
+            }
+        );
+        assert_eq!(sm.fence_highest(b"s"), None);
+    }
+
+    #[test]
+    fn format_one_snapshots_still_restore() {
+        let mut sm = StateMachine::new();
+        sm.apply(&entry(1, put("a", "1")));
+        let body = SnapshotBodyRef {
+            revision: sm.revision,
+            compact_revision: sm.compact_revision,
+            last_applied: sm.last_applied,
+            last_time_ms: sm.last_time_ms,
+            keys: sm.store.keys(),
+            changes: sm.store.changes(),
+            leases: &sm.leases,
+            locks: &BTreeMap::new(),
+            fences: &BTreeMap::new(),
+        };
+        // Format 1 is format 2 without the two trailing maps (bincode is positional).
+        let full = bincode::serialize(&body).expect("serialize");
+        let payload = &full[..full.len() - 16];
+        let mut v1 = vec![SNAPSHOT_FORMAT_V1];
+        v1.extend_from_slice(&crc32(payload).to_le_bytes());
+        v1.extend_from_slice(payload);
+        let restored = StateMachine::restore(&v1).expect("format 1 restores");
+        assert_eq!(restored.hash_kv(0), sm.hash_kv(0));
+        assert_eq!(restored.snapshot(), sm.snapshot());
     }
 
     #[test]

@@ -11,6 +11,7 @@ use crate::command::{
     Command, DeleteRangeRequest, KvError, PutRequest, RequestOp, TxnRequest, MAX_LEASE_TTL_S,
     MAX_TXN_OPS,
 };
+use crate::locks::{MAX_LOCK_DELAY_MS, MAX_REASON_BYTES};
 use crate::types::KeyRange;
 
 pub(crate) fn validate(cmd: &Command) -> Result<(), KvError> {
@@ -29,6 +30,51 @@ pub(crate) fn validate(cmd: &Command) -> Result<(), KvError> {
             } else {
                 Ok(())
             }
+        }
+        Command::LockEnqueue {
+            name,
+            lease,
+            delay_ms,
+            ..
+        } => {
+            if name.is_empty() {
+                return Err(KvError::EmptyLockName);
+            }
+            if lease.is_none() {
+                return Err(KvError::LeaseRequired);
+            }
+            if delay_ms.is_some_and(|d| d > MAX_LOCK_DELAY_MS) {
+                return Err(KvError::LockDelayTooLong);
+            }
+            Ok(())
+        }
+        Command::LockForceRelease {
+            name,
+            token,
+            reason,
+        } => {
+            if name.is_empty() {
+                return Err(KvError::EmptyLockName);
+            }
+            if reason.trim().is_empty() {
+                return Err(KvError::ReasonRequired);
+            }
+            if reason.len() > MAX_REASON_BYTES {
+                return Err(KvError::ReasonTooLong);
+            }
+            if *token < 0 {
+                return Err(KvError::InvalidFencingToken);
+            }
+            Ok(())
+        }
+        Command::FenceCheck { resource, token } => {
+            if resource.is_empty() {
+                return Err(KvError::EmptyFenceResource);
+            }
+            if *token <= 0 {
+                return Err(KvError::InvalidFencingToken);
+            }
+            Ok(())
         }
     }
 }

@@ -4,6 +4,10 @@
 //! and so must reads at random historical revisions, `history`, leases and key counts.
 //! Midway, the machine is snapshotted and restored, and the restored copy must continue
 //! exactly like the original.
+//!
+//! Locks and fences are modelled too: a lock's queue is recomputed from the whole key space
+//! every time (no index), the registry is a plain map with the documented collection rule,
+//! and the fence table is a map of highest tokens.
 
 use std::collections::BTreeMap;
 
@@ -28,6 +32,41 @@ struct ModelLease {
     checkpoint_ms: Option<i64>,
 }
 
+#[derive(Clone, Default)]
+struct ModelLock {
+    delay_ms: u64,
+    delayed_until_ms: u64,
+    releases: Vec<ForceReleaseRecord>,
+}
+
+/// Written independently of `lock_key` (positive ids only; the generator makes no others).
+fn model_lock_key(name: &[u8], lease: i64) -> Vec<u8> {
+    let mut k = name.to_vec();
+    k.extend_from_slice(format!("/{lease:x}").as_bytes());
+    k
+}
+
+/// Lock `name`'s queue in `state`: every key under `name/`, by (create revision, key).
+fn model_queue(state: &State, name: &[u8]) -> Vec<KeyValue> {
+    let mut pfx = name.to_vec();
+    pfx.push(b'/');
+    let mut q: Vec<KeyValue> = state
+        .values()
+        .filter(|kv| kv.key.starts_with(&pfx))
+        .cloned()
+        .collect();
+    q.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+    q
+}
+
+/// The names (prefixes before a `/`) whose queues `key` is in.
+fn model_ancestors(key: &[u8]) -> Vec<Vec<u8>> {
+    (0..key.len())
+        .filter(|&i| key[i] == b'/')
+        .map(|i| key[..i].to_vec())
+        .collect()
+}
+
 /// The reference: `states[r - 1]` is the whole key space at revision `r`.
 #[derive(Clone)]
 struct Model {
@@ -36,6 +75,11 @@ struct Model {
     events: BTreeMap<i64, Vec<Event>>,
     leases: BTreeMap<i64, ModelLease>,
     compact: i64,
+    locks: BTreeMap<Vec<u8>, ModelLock>,
+    fences: BTreeMap<Vec<u8>, i64>,
+    /// Coverage counters: registry entries collected, lock-delays started.
+    collected: usize,
+    delays_started: usize,
 }
 
 /// The mutable view of one command in progress: the pre-state, the working state, events.
@@ -113,6 +157,10 @@ impl Model {
             events: BTreeMap::new(),
             leases: BTreeMap::new(),
             compact: 1,
+            locks: BTreeMap::new(),
+            fences: BTreeMap::new(),
+            collected: 0,
+            delays_started: 0,
         }
     }
 
@@ -327,9 +375,12 @@ impl Model {
     /// Applies a command; returns (revision after, response, events). Everything is computed
     /// from `&self` into fresh values and committed only on success, so a failed command
     /// leaves the model untouched by construction.
-    fn apply(&mut self, cmd: &Command) -> (Revision, Response, Vec<Event>) {
+    fn apply(&mut self, cmd: &Command, now_ms: u64) -> (Revision, Response, Vec<Event>) {
         let mut leases = self.leases.clone();
         let mut compact = self.compact;
+        let mut locks = self.locks.clone();
+        let mut fences = self.fences.clone();
+        let mut delays_started = 0;
         let this: &Model = self;
         let mut w = Work {
             model: this,
@@ -399,6 +450,29 @@ impl Model {
                 Ok(Response::LeaseRevoke)
             }
             Command::ExpireLeases { ids } => {
+                // Holders are judged on the state before the entry.
+                let before = this.state(this.rev());
+                let mut holders: Vec<(Vec<u8>, Vec<Vec<u8>>)> = Vec::new();
+                let mut seen = Vec::new();
+                for id in ids {
+                    if seen.contains(&id.0) || !this.leases.contains_key(&id.0) {
+                        continue;
+                    }
+                    seen.push(id.0);
+                    for kv in before.values().filter(|kv| kv.lease.0 == id.0) {
+                        let names: Vec<Vec<u8>> = model_ancestors(&kv.key)
+                            .into_iter()
+                            .filter(|n| {
+                                this.locks.contains_key(n)
+                                    && model_queue(before, n).first().map(|h| &h.key)
+                                        == Some(&kv.key)
+                            })
+                            .collect();
+                        if !names.is_empty() {
+                            holders.push((kv.key.clone(), names));
+                        }
+                    }
+                }
                 let mut expired = Vec::new();
                 for id in ids {
                     if leases.remove(&id.0).is_some() {
@@ -406,7 +480,122 @@ impl Model {
                         expired.push(*id);
                     }
                 }
-                Ok(Response::ExpireLeases { expired })
+                for (_, names) in &holders {
+                    for n in names {
+                        let l = locks.get_mut(n).expect("registered");
+                        if l.delay_ms > 0 {
+                            l.delayed_until_ms = l.delayed_until_ms.max(now_ms + l.delay_ms);
+                            delays_started += 1;
+                        }
+                    }
+                }
+                Ok(Response::ExpireLeases {
+                    expired,
+                    expired_holders: holders.into_iter().map(|(k, _)| k).collect(),
+                })
+            }
+            Command::LockEnqueue {
+                name,
+                lease,
+                value,
+                delay_ms,
+            } => {
+                if name.is_empty() {
+                    return Err(KvError::EmptyLockName);
+                }
+                if lease.0 == 0 {
+                    return Err(KvError::LeaseRequired);
+                }
+                if delay_ms.is_some_and(|d| d > MAX_LOCK_DELAY_MS) {
+                    return Err(KvError::LockDelayTooLong);
+                }
+                let key = model_lock_key(name, lease.0);
+                let exists = w.cur.contains_key(&key);
+                if !exists && !leases.contains_key(&lease.0) {
+                    return Err(KvError::LeaseNotFound);
+                }
+                let l = locks.entry(name.clone()).or_default();
+                if let Some(d) = delay_ms {
+                    l.delay_ms = *d;
+                }
+                if !exists {
+                    w.put(&PutRequest {
+                        key: key.clone(),
+                        value: value.clone(),
+                        lease: *lease,
+                        ..PutRequest::default()
+                    });
+                }
+                Ok(Response::LockEnqueue {
+                    kv: w.cur[&key].clone(),
+                    created: !exists,
+                })
+            }
+            Command::LockForceRelease {
+                name,
+                token,
+                reason,
+            } => {
+                if name.is_empty() {
+                    return Err(KvError::EmptyLockName);
+                }
+                if reason.trim().is_empty() {
+                    return Err(KvError::ReasonRequired);
+                }
+                if reason.len() > MAX_REASON_BYTES {
+                    return Err(KvError::ReasonTooLong);
+                }
+                if *token < 0 {
+                    return Err(KvError::InvalidFencingToken);
+                }
+                let head = model_queue(&w.cur, name).into_iter().next();
+                if *token != 0 && head.as_ref().map(|h| h.create_revision.0) != Some(*token) {
+                    return Err(KvError::NotHolder);
+                }
+                let Some(head) = head else {
+                    return Ok(Response::LockForceRelease { released: None });
+                };
+                let l = locks.entry(name.clone()).or_default();
+                if l.releases.len() == MAX_FORCE_RELEASE_RECORDS {
+                    l.releases.remove(0);
+                }
+                l.releases.push(ForceReleaseRecord {
+                    key: head.key.clone(),
+                    token: head.create_revision.0,
+                    reason: reason.clone(),
+                    at_ms: now_ms,
+                });
+                w.delete(&DeleteRangeRequest {
+                    range: KeyRange {
+                        key: head.key.clone(),
+                        range_end: Vec::new(),
+                    },
+                    prev_kv: false,
+                });
+                Ok(Response::LockForceRelease {
+                    released: Some(head),
+                })
+            }
+            Command::FenceCheck { resource, token } => {
+                if resource.is_empty() {
+                    return Err(KvError::EmptyFenceResource);
+                }
+                if *token <= 0 {
+                    return Err(KvError::InvalidFencingToken);
+                }
+                match fences.get(resource) {
+                    Some(&h) if *token < h => Ok(Response::FenceCheck {
+                        accepted: false,
+                        highest: h,
+                    }),
+                    _ => {
+                        fences.insert(resource.clone(), *token);
+                        Ok(Response::FenceCheck {
+                            accepted: true,
+                            highest: *token,
+                        })
+                    }
+                }
             }
             Command::LeaseCheckpoint { checkpoints } => {
                 for (id, ms) in checkpoints {
@@ -424,8 +613,34 @@ impl Model {
             Ok(r) => r,
             Err(e) => return (Revision(self.rev()), Response::Error(e), Vec::new()),
         };
+        // Registry collection: locks that lost a key here or that the command named, if
+        // idle (no keys, no delay pending, no recent force-release).
+        let mut touched: Vec<Vec<u8>> = events
+            .iter()
+            .filter(|e| e.kind == EventKind::Delete)
+            .flat_map(|e| model_ancestors(&e.kv.key))
+            .collect();
+        if let Command::LockForceRelease { name, .. } = cmd {
+            touched.push(name.clone());
+        }
+        for n in touched {
+            let idle = locks.get(&n).is_some_and(|l| {
+                model_queue(&cur, &n).is_empty()
+                    && l.delayed_until_ms <= now_ms
+                    && l.releases
+                        .last()
+                        .is_none_or(|r| r.at_ms + FORCE_RELEASE_RETENTION_MS <= now_ms)
+            });
+            if idle {
+                locks.remove(&n);
+                self.collected += 1;
+            }
+        }
         self.leases = leases;
         self.compact = compact;
+        self.locks = locks;
+        self.fences = fences;
+        self.delays_started += delays_started;
         if !events.is_empty() {
             self.states.push(cur);
             self.events.insert(rev, events.clone());
@@ -540,6 +755,10 @@ fn range_over(state: &State, r: &RangeRequest) -> RangeResponse {
 
 const KEYS: &[&str] = &["a", "a/1", "a/2", "a/3", "b", "b/1", "c", "d"];
 const VALUES: &[&str] = &["", "x", "y", "zz", "0"];
+/// Lock names: waiter keys of "a" with leases 1..=3 are the plain keys "a/1".."a/3", and
+/// "a/1" is a lock nested in "a", so locks, plain writes and nesting all interact.
+const LOCK_NAMES: &[&str] = &["a", "b", "a/1"];
+const RESOURCES: &[&str] = &["r1", "r2"];
 
 struct Gen {
     rng: StdRng,
@@ -704,9 +923,16 @@ impl Gen {
         }
     }
 
+    fn lock_name(&mut self) -> Vec<u8> {
+        if self.rng.gen_ratio(1, 40) {
+            return Vec::new();
+        }
+        LOCK_NAMES[self.rng.gen_range(0..LOCK_NAMES.len())].into()
+    }
+
     fn command(&mut self, m: &Model) -> Command {
         let current = m.rev();
-        match self.rng.gen_range(0..100) {
+        match self.rng.gen_range(0..125) {
             0..=29 => Command::Put(self.put()),
             30..=39 => Command::DeleteRange(DeleteRangeRequest {
                 range: self.range(),
@@ -742,6 +968,43 @@ impl Gen {
                     })
                     .collect(),
             },
+            100..=109 => Command::LockEnqueue {
+                name: self.lock_name(),
+                lease: LeaseId(if self.rng.gen_ratio(1, 20) {
+                    0
+                } else {
+                    self.rng.gen_range(1..9)
+                }),
+                value: self.value(),
+                delay_ms: match self.rng.gen_range(0..20) {
+                    0..=9 => None,
+                    10 => Some(MAX_LOCK_DELAY_MS + 1),
+                    11..=13 => Some(0),
+                    _ => Some(self.rng.gen_range(1..20_000)),
+                },
+            },
+            110..=113 => Command::LockForceRelease {
+                name: self.lock_name(),
+                token: match self.rng.gen_range(0..10) {
+                    0..=4 => 0,
+                    5 => -1,
+                    _ => self.rng.gen_range(1..=current),
+                },
+                reason: match self.rng.gen_range(0..20) {
+                    0 => String::new(),
+                    1 => " ".into(),
+                    2 => "x".repeat(MAX_REASON_BYTES + 1),
+                    _ => "stuck holder".into(),
+                },
+            },
+            114..=119 => Command::FenceCheck {
+                resource: if self.rng.gen_ratio(1, 20) {
+                    Vec::new()
+                } else {
+                    RESOURCES[self.rng.gen_range(0..RESOURCES.len())].into()
+                },
+                token: self.rng.gen_range(-1..=current.min(40)),
+            },
             _ => Command::Noop,
         }
     }
@@ -762,6 +1025,39 @@ fn compare_reads(g: &mut Gen, sm: &StateMachine, m: &Model, ctx: &str) {
     assert_eq!(sm.lease_ids(), ids, "{ctx}: lease ids");
     for id in 0..9 {
         assert_eq!(sm.lease(LeaseId(id)), m.lease_info(id), "{ctx}: lease {id}");
+    }
+    let now = m.state(m.rev());
+    for name in LOCK_NAMES.iter().chain(&["c", "a/"]) {
+        let name = name.as_bytes();
+        let q = model_queue(now, name);
+        assert_eq!(
+            sm.lock_queue(name, 100),
+            (q.clone(), q.len()),
+            "{ctx}: queue"
+        );
+        assert_eq!(sm.lock_head(name), q.first().cloned(), "{ctx}: head");
+        for (i, kv) in q.iter().enumerate() {
+            let pred = i.checked_sub(1).map(|p| q[p].clone());
+            assert_eq!(
+                sm.lock_predecessor(name, kv.create_revision, &kv.key),
+                pred,
+                "{ctx}: predecessor"
+            );
+        }
+        let expected = m.locks.get(name).map(|l| LockInfo {
+            delay_ms: l.delay_ms,
+            delayed_until_ms: l.delayed_until_ms,
+            force_releases: l.releases.clone(),
+        });
+        assert_eq!(sm.lock_info(name), expected, "{ctx}: lock info");
+    }
+    assert_eq!(sm.lock_count(), m.locks.len(), "{ctx}: registry size");
+    for r in RESOURCES {
+        assert_eq!(
+            sm.fence_highest(r.as_bytes()),
+            m.fences.get(r.as_bytes()).copied(),
+            "{ctx}: fence"
+        );
     }
     for _ in 0..3 {
         let req = g.get(m.rev());
@@ -803,6 +1099,9 @@ fn outcome(a: &Applied) -> String {
         Response::Txn(t) if nested(t) && !a.events.is_empty() => "txn nested write".into(),
         Response::Txn(t) if !a.events.is_empty() => format!("txn write succeeded={}", t.succeeded),
         Response::Txn(_) => "txn no write".into(),
+        Response::ExpireLeases {
+            expired_holders, ..
+        } if !expired_holders.is_empty() => "lease expired a lock holder".into(),
         Response::LeaseRevoke | Response::ExpireLeases { .. } if !a.events.is_empty() => {
             "lease deleted keys".into()
         }
@@ -813,10 +1112,15 @@ fn outcome(a: &Applied) -> String {
         Response::LeaseGrant { .. } => "lease grant".into(),
         Response::LeaseRevoke | Response::ExpireLeases { .. } => "lease gone, no keys".into(),
         Response::LeaseCheckpoint => "lease checkpoint".into(),
+        Response::LockEnqueue { created, .. } => format!("lock enqueue created={created}"),
+        Response::LockForceRelease { released } => {
+            format!("lock force-release released={}", released.is_some())
+        }
+        Response::FenceCheck { accepted, .. } => format!("fence accepted={accepted}"),
     }
 }
 
-fn run_seed(seed: u64, steps: usize, outcomes: &mut BTreeMap<String, usize>) {
+fn run_seed(seed: u64, steps: usize, outcomes: &mut BTreeMap<String, usize>) -> (usize, usize) {
     let mut g = Gen {
         rng: StdRng::seed_from_u64(seed),
     };
@@ -844,12 +1148,14 @@ fn run_seed(seed: u64, steps: usize, outcomes: &mut BTreeMap<String, usize>) {
         let entry = Entry {
             index: LogIndex(step as u64 + 1),
             term: Term(1 + step as u64 / 500),
-            time_ms: step as u64 * 7,
+            // Seconds apart, so lock-delays (up to 20 s) run out and force-release records
+            // age past their one-hour retention within a run.
+            time_ms: step as u64 * 3000,
             command: cmd.clone(),
         };
         let applied = sm.apply(&entry);
         *outcomes.entry(outcome(&applied)).or_default() += 1;
-        let (rev, response, events) = m.apply(&cmd);
+        let (rev, response, events) = m.apply(&cmd, entry.time_ms);
         assert_eq!(applied.response, response, "{ctx}: response to {cmd:?}");
         assert_eq!(applied.events, events, "{ctx}: events of {cmd:?}");
         assert_eq!(applied.revision, rev, "{ctx}: revision after {cmd:?}");
@@ -886,14 +1192,22 @@ fn run_seed(seed: u64, steps: usize, outcomes: &mut BTreeMap<String, usize>) {
         succeeded_txns > steps / 30,
         "seed {seed}: only {succeeded_txns} writing txns"
     );
+    (m.collected, m.delays_started)
 }
 
 #[test]
 fn model_seeds() {
     let mut outcomes = BTreeMap::new();
+    let (mut collected, mut delays) = (0, 0);
     for seed in 0..8 {
-        run_seed(seed, 3000, &mut outcomes);
+        let (c, d) = run_seed(seed, 3000, &mut outcomes);
+        collected += c;
+        delays += d;
     }
+    assert!(
+        collected >= 20 && delays >= 20,
+        "lock registry paths too rare: {collected} collected, {delays} delays started"
+    );
     // Every error the commands can produce, and the interesting successes, must have been
     // reached; otherwise the generator has drifted and the comparison proves little.
     let must = [
@@ -912,6 +1226,21 @@ fn model_seeds() {
         "lease deleted keys",
         "lease gone, no keys",
         "lease checkpoint",
+        "error EmptyLockName",
+        "error LeaseRequired",
+        "error LockDelayTooLong",
+        "error NotHolder",
+        "error ReasonRequired",
+        "error ReasonTooLong",
+        "error InvalidFencingToken",
+        "error EmptyFenceResource",
+        "lock enqueue created=true",
+        "lock enqueue created=false",
+        "lock force-release released=true",
+        "lock force-release released=false",
+        "lease expired a lock holder",
+        "fence accepted=true",
+        "fence accepted=false",
     ];
     for m in must {
         assert!(

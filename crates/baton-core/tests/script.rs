@@ -24,6 +24,10 @@
 //! - `compact N`, `noop`, `lease-grant ID TTL`, `lease-revoke ID`, `expire ID…`,
 //!   `checkpoint ID=MS…`, `leases`, `status`, `history K [RANGE] --from=N [--max=N]`,
 //!   `snapshot-restore`
+//! - locks and fences: `lock-enqueue NAME LEASE [VALUE] [--delay=MS]`,
+//!   `lock-force NAME [--token=N] REASON…`, `lock NAME [--max=N]` (queue and registry record),
+//!   `lock-pred NAME REV KEY`, `fence RESOURCE TOKEN`, `fence-get RESOURCE`, `advance MS`
+//!   (moves the leader clock forward: entry `i` is stamped `i * 100 + advanced`)
 //! - `watch-hub MAX_PENDING` (new hub), `watch NAME K [RANGE] [--rev=N] [--no-put]
 //!   [--no-delete] [--prev-kv]`, `watch-take NAME [--max=N]`, `watch-cancel NAME`,
 //!   `watch-synced NAME`
@@ -427,6 +431,8 @@ struct Runner {
     hub: WatchHub,
     watchers: BTreeMap<String, WatcherId>,
     index: u64,
+    /// Added to every entry's time stamp (`advance`).
+    advanced_ms: u64,
 }
 
 impl Runner {
@@ -436,6 +442,7 @@ impl Runner {
             hub: WatchHub::new(100),
             watchers: BTreeMap::new(),
             index: 0,
+            advanced_ms: 0,
         }
     }
 
@@ -448,7 +455,7 @@ impl Runner {
         let applied = self.sm.apply(&Entry {
             index: LogIndex(self.index),
             term: Term(1),
-            time_ms: self.index * 100,
+            time_ms: self.index * 100 + self.advanced_ms,
             command,
         });
         if let Err(e) = validated {
@@ -579,10 +586,21 @@ impl Runner {
                 a.done();
                 let applied = self.apply(Command::ExpireLeases { ids });
                 let ok = match &applied.response {
-                    Response::ExpireLeases { expired } => format!(
-                        " expired={:?}",
-                        expired.iter().map(|l| l.0).collect::<Vec<_>>()
-                    ),
+                    Response::ExpireLeases {
+                        expired,
+                        expired_holders,
+                    } => {
+                        let mut s = format!(
+                            " expired={:?}",
+                            expired.iter().map(|l| l.0).collect::<Vec<_>>()
+                        );
+                        if !expired_holders.is_empty() {
+                            let keys: Vec<String> =
+                                expired_holders.iter().map(|k| show(k)).collect();
+                            write!(s, " holders=[{}]", keys.join(",")).expect("string write");
+                        }
+                        s
+                    }
                     _ => String::new(),
                 };
                 result(&mut out, &applied, ok);
@@ -670,6 +688,116 @@ impl Runner {
                 assert_eq!(restored.hash_kv(0), self.sm.hash_kv(0));
                 self.sm = restored;
                 out.push("ok".into());
+            }
+            "lock-enqueue" => {
+                let name = parse_bytes(a.pos(0));
+                let lease = LeaseId(a.pos_num(1));
+                let value = a.pos.get(2).map(|v| parse_bytes(v)).unwrap_or_default();
+                let delay_ms = a.num("delay").map(|d| d as u64);
+                a.done();
+                let applied = self.apply(Command::LockEnqueue {
+                    name,
+                    lease,
+                    value,
+                    delay_ms,
+                });
+                let ok = match &applied.response {
+                    Response::LockEnqueue { kv, created } => {
+                        format!(" {} created={created}", show_kv(kv))
+                    }
+                    _ => String::new(),
+                };
+                result(&mut out, &applied, ok);
+            }
+            "lock-force" => {
+                let name = parse_bytes(a.pos(0));
+                let token = a.num("token").unwrap_or(0);
+                let reason = a.pos[1..].join(" ");
+                let reason = if reason == "\"\"" {
+                    String::new()
+                } else {
+                    reason
+                };
+                a.done();
+                let applied = self.apply(Command::LockForceRelease {
+                    name,
+                    token,
+                    reason,
+                });
+                let ok = match &applied.response {
+                    Response::LockForceRelease { released: Some(kv) } => {
+                        format!(" released {}", show_kv(kv))
+                    }
+                    Response::LockForceRelease { released: None } => " released nothing".into(),
+                    _ => String::new(),
+                };
+                result(&mut out, &applied, ok);
+            }
+            "fence" => {
+                let resource = parse_bytes(a.pos(0));
+                let token = a.pos_num(1);
+                a.done();
+                let applied = self.apply(Command::FenceCheck { resource, token });
+                let ok = match &applied.response {
+                    Response::FenceCheck { accepted, highest } => {
+                        format!(" accepted={accepted} highest={highest}")
+                    }
+                    _ => String::new(),
+                };
+                result(&mut out, &applied, ok);
+            }
+            "fence-get" => {
+                let resource = parse_bytes(a.pos(0));
+                a.done();
+                match self.sm.fence_highest(&resource) {
+                    Some(h) => out.push(format!("highest={h}")),
+                    None => out.push("(none)".into()),
+                }
+            }
+            "lock" => {
+                let name = parse_bytes(a.pos(0));
+                let max = a.num("max").unwrap_or(100) as usize;
+                a.done();
+                let (kvs, len) = self.sm.lock_queue(&name, max);
+                let head = self.sm.lock_head(&name);
+                assert_eq!(head.as_ref(), kvs.first(), "head is the queue's first");
+                out.push(format!("queue len={len}"));
+                for kv in &kvs {
+                    out.push(format!("  {}", show_kv(kv)));
+                }
+                match self.sm.lock_info(&name) {
+                    None => out.push("(unregistered)".into()),
+                    Some(info) => {
+                        out.push(format!(
+                            "delay={} delayed_until={}",
+                            info.delay_ms, info.delayed_until_ms
+                        ));
+                        for r in &info.force_releases {
+                            out.push(format!(
+                                "  forced {} token={} at={} reason={:?}",
+                                show(&r.key),
+                                r.token,
+                                r.at_ms,
+                                r.reason
+                            ));
+                        }
+                    }
+                }
+            }
+            "lock-pred" => {
+                let name = parse_bytes(a.pos(0));
+                let rev = Revision(a.pos_num(1));
+                let key = parse_bytes(a.pos(2));
+                a.done();
+                match self.sm.lock_predecessor(&name, rev, &key) {
+                    Some(kv) => out.push(show_kv(&kv)),
+                    None => out.push("(head)".into()),
+                }
+            }
+            "advance" => {
+                self.advanced_ms += a.pos_num(0) as u64;
+                a.done();
+                out.push(format!("advanced={}", self.advanced_ms));
             }
             "watch-hub" => {
                 let max = a.pos_num(0) as usize;

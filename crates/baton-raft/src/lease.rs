@@ -230,6 +230,17 @@ impl LeaseClock {
     pub(crate) fn contains(&self, id: LeaseId) -> bool {
         self.leases.contains_key(&id)
     }
+
+    /// Whether the clock considers the lease alive at `now`: tracked, deadline not passed,
+    /// not being expired. `None` when the clock does not track it (the state machine is then
+    /// the only authority).
+    pub(crate) fn alive(&self, id: LeaseId, now: Instant) -> Option<bool> {
+        if self.expiring.contains(&id) {
+            return Some(false);
+        }
+        let t = self.leases.get(&id)?;
+        Some(t.deadline.is_none_or(|d| d > now))
+    }
 }
 
 #[cfg(test)]
@@ -249,6 +260,9 @@ mod tests {
         assert_eq!(c.remaining_s(id, t0), Some(10));
         assert_eq!(c.remaining_s(id, t0 + Duration::from_millis(1)), Some(9));
         assert!(c.take_expired(t0 + Duration::from_secs(9), 10).is_empty());
+        assert_eq!(c.alive(id, t0 + Duration::from_secs(9)), Some(true));
+        assert_eq!(c.alive(id, t0 + Duration::from_secs(10)), Some(false));
+        assert_eq!(c.alive(LeaseId(99), t0), None);
         assert_eq!(
             c.keep_alive(id, t0 + Duration::from_secs(9)),
             Some(Renewal {
@@ -259,13 +273,17 @@ mod tests {
         assert!(c.take_expired(t0 + Duration::from_secs(11), 10).is_empty());
         let later = t0 + Duration::from_secs(20);
         assert_eq!(c.take_expired(later, 10), vec![id]);
-        // In flight: not proposed twice, and not renewable.
+        // In flight: not proposed twice, not renewable, not alive.
         assert!(c.take_expired(later, 10).is_empty());
+        assert_eq!(c.alive(id, t0), Some(false));
         assert_eq!(c.keep_alive(id, later), None);
         assert_eq!(c.remaining_s(id, later), Some(0));
         c.on_applied(
             &Command::ExpireLeases { ids: vec![id] },
-            &Response::ExpireLeases { expired: vec![id] },
+            &Response::ExpireLeases {
+                expired: vec![id],
+                expired_holders: Vec::new(),
+            },
             later,
         );
         c.finish_expiring(&[id]);

@@ -9,11 +9,13 @@
 //! - `snapshot`: snapshot files; `files`: small atomic files (vote, member identity);
 //! - `sm`: the applied state (core state machine + watch hub) as openraft's state machine;
 //! - `lease`: the leader's in-memory lease clock;
+//! - `deletions`: one-shot key-deletion watches that wake lock waiters one at a time;
 //! - `network`: peer transport (none yet: clusters have one member).
 //!
 //! On disk, under `data_dir`: `member.meta` (identity), `raft/vote`, `raft/wal/*.wal`,
 //! `snap/<term>-<index>.snap`.
 
+mod deletions;
 mod files;
 mod lease;
 mod network;
@@ -31,10 +33,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use baton_core::{Applied, Command, LeaseId, Revision, StateMachine, Term, WatchHub};
+use baton_core::{Applied, Command, LeaseId, Response, Revision, StateMachine, Term, WatchHub};
 use openraft::error::{CheckIsLeaderError, Fatal, RaftError};
 use openraft::{BasicNode, ServerState, SnapshotPolicy};
 
+pub use crate::deletions::KeyDeletion;
 use crate::files::MemberMeta;
 use crate::proposer::Proposer;
 use crate::sm::{AppliedState, CurrentSnapshot, Shared, StateStore};
@@ -198,8 +201,9 @@ struct Inner {
     proposer: Proposer,
     shutting_down: Arc<AtomicBool>,
     tasks: parking_lot::Mutex<Vec<tokio::task::JoinHandle<()>>>,
-    /// Holds the data directory's advisory lock for the life of the replica.
-    _dir_lock: fs::File,
+    /// Holds the data directory's advisory lock until `shutdown` has stopped every writer
+    /// (or the replica is dropped), so a restarted replica in the same process can take it.
+    dir_lock: parking_lot::Mutex<Option<fs::File>>,
 }
 
 fn io_error(path: &Path) -> impl FnOnce(io::Error) -> StartError + '_ {
@@ -398,7 +402,7 @@ impl Node {
                 proposer,
                 shutting_down,
                 tasks: parking_lot::Mutex::new(vec![proposer_task]),
-                _dir_lock: dir_lock,
+                dir_lock: parking_lot::Mutex::new(Some(dir_lock)),
             }),
         };
         if let Err(e) = node.inner.bootstrap().await {
@@ -447,6 +451,33 @@ impl Node {
         let st = shared.state.read();
         let mut hub = shared.hub.lock();
         f(&mut hub, &st.sm)
+    }
+
+    /// Runs `f` on the applied state and registers a one-shot deletion watch for every key it
+    /// returns, before any further entry is applied: a key `f` saw live cannot be deleted
+    /// unnoticed. Each watch fires once, when its key is deleted (a later re-creation is a
+    /// new key as far as the caller is concerned), and unregisters when dropped.
+    pub fn read_and_watch_deletions<R>(
+        &self,
+        f: impl FnOnce(&StateMachine) -> (R, Vec<Vec<u8>>),
+    ) -> (R, Vec<KeyDeletion>) {
+        let shared = &self.inner.shared;
+        let st = shared.state.read();
+        let (r, keys) = f(&st.sm);
+        if keys.is_empty() {
+            return (r, Vec::new());
+        }
+        let mut watches = shared.deletions.lock();
+        let handles = keys
+            .into_iter()
+            .map(|k| KeyDeletion::register(shared, &mut watches, k))
+            .collect();
+        (r, handles)
+    }
+
+    /// Registered key-deletion watches (diagnostics and tests: they must not leak).
+    pub fn deletion_watch_count(&self) -> usize {
+        self.inner.shared.deletions.lock().len()
     }
 
     /// Fires whenever an entry that changed the store is applied (the value is the store
@@ -507,6 +538,28 @@ impl Node {
             info.checkpoint_remaining_ms
                 .map_or(info.granted_ttl_s, |ms| ms.max(0) / 1000),
         )
+    }
+
+    /// Whether a lease is alive: it exists in the state machine, and the lease clock (the
+    /// leader's, where deadlines are kept) neither sees its deadline passed nor has its expiry
+    /// in flight. Between a deadline and the applied `ExpireLeases` a lease still exists but
+    /// is not alive: a lock must not be granted to it then (etcd#11456).
+    pub fn lease_alive(&self, id: LeaseId) -> bool {
+        let shared = &self.inner.shared;
+        let st = shared.state.read();
+        if !st.sm.lease_exists(id) {
+            return false;
+        }
+        let clock = shared.leases.lock();
+        clock.alive(id, Instant::now()).unwrap_or(true)
+    }
+
+    /// Leader time now, on the scale of `Entry::time_ms` (wall-clock milliseconds, never
+    /// below the last applied stamp): what the next entry proposed here would at least be
+    /// stamped with. Deadlines the core records (lock-delay) are compared against it.
+    pub fn time_ms(&self) -> u64 {
+        let last = self.inner.shared.state.read().sm.last_time_ms();
+        wall_clock_ms().max(last)
     }
 
     /// A fresh random positive lease id that is not in use (randomness lives here, not in the
@@ -586,6 +639,8 @@ impl Node {
             tracing::warn!(error = %e, "raft core ended abnormally");
         }
         inner.wal.stop().await;
+        // Nothing writes to the directory any more.
+        inner.dir_lock.lock().take();
     }
 
     /// Number of fsyncs the Raft log has issued since start. For tests (group commit) and
@@ -735,7 +790,18 @@ impl Inner {
                 .await;
             self.shared.leases.lock().finish_expiring(&ids);
             match res {
-                Ok(_) => metrics::counter!("baton_leases_expired_total").increment(n),
+                Ok(p) => {
+                    metrics::counter!("baton_leases_expired_total").increment(n);
+                    if let Response::ExpireLeases {
+                        expired_holders, ..
+                    } = &p.applied.response
+                    {
+                        if !expired_holders.is_empty() {
+                            metrics::counter!("baton_lock_expired_holders_total")
+                                .increment(expired_holders.len() as u64);
+                        }
+                    }
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, leases = n, "proposing lease expiry failed; will retry");
                     break;

@@ -2,7 +2,8 @@
 //!
 //! The state machine lives in memory behind a `RwLock`; durability comes from the log plus
 //! snapshots (restart = newest snapshot + log tail re-applied). Lock order, everywhere:
-//! state (`RwLock`) → watch hub (`Mutex`) → lease clock (`Mutex`).
+//! state (`RwLock`) → watch hub (`Mutex`) → deletion watches (`Mutex`) → lease clock
+//! (`Mutex`).
 
 use std::io::Cursor;
 use std::path::PathBuf;
@@ -10,7 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use baton_core::{Applied, Command, Entry, LogIndex, Revision, StateMachine, Term, WatchHub};
+use baton_core::{
+    Applied, Command, Entry, EventKind, LogIndex, Revision, StateMachine, Term, WatchHub,
+};
 use openraft::storage::RaftStateMachine;
 use openraft::{
     AnyError, EntryPayload, OptionalSend, RaftSnapshotBuilder, Snapshot, StorageIOError,
@@ -19,6 +22,7 @@ use openraft::{
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::watch;
 
+use crate::deletions::DeletionWatches;
 use crate::lease::LeaseClock;
 use crate::snapshot;
 use crate::types::{LogId, Membership, RaftEntry, Reply, SnapshotMeta, StorageError, TypeConfig};
@@ -51,6 +55,8 @@ pub(crate) type CurrentSnapshot = (SnapshotMeta, PathBuf, u64);
 pub(crate) struct Shared {
     pub(crate) state: RwLock<AppliedState>,
     pub(crate) hub: Mutex<WatchHub>,
+    /// One-shot key-deletion watches (lock waiters).
+    pub(crate) deletions: Mutex<DeletionWatches>,
     pub(crate) leases: Mutex<LeaseClock>,
     pub(crate) revision_tx: watch::Sender<Revision>,
     snap_dir: PathBuf,
@@ -72,6 +78,7 @@ impl Shared {
         Shared {
             state: RwLock::new(state),
             hub: Mutex::new(hub),
+            deletions: Mutex::new(DeletionWatches::default()),
             leases: Mutex::new(LeaseClock::default()),
             revision_tx,
             snap_dir,
@@ -115,6 +122,16 @@ impl Shared {
             let applied = st.sm.apply(&entry);
             if !applied.events.is_empty() {
                 self.hub.lock().publish(&applied.events);
+                let mut deletions = self.deletions.lock();
+                if !deletions.is_empty() {
+                    for e in applied
+                        .events
+                        .iter()
+                        .filter(|e| e.kind == EventKind::Delete)
+                    {
+                        deletions.fire(&e.kv.key);
+                    }
+                }
             }
             self.leases
                 .lock()
@@ -285,6 +302,7 @@ impl RaftStateMachine<TypeConfig> for StateStore {
             st.membership = meta.last_membership.clone();
             st.sm.revision()
         };
+        self.shared.deletions.lock().fire_all();
         self.shared.revision_tx.send_replace(rev);
         Ok(())
     }

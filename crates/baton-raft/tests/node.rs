@@ -433,6 +433,81 @@ async fn watchers_are_notified_of_new_revisions() {
     node.shutdown().await;
 }
 
+/// A lease past its deadline is not alive even while it still exists (the expiry entry is
+/// not applied yet): a lock must never be granted to it. A live, renewed lease is alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lease_alive_follows_the_clock_not_just_existence() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = start(tmp.path()).await;
+    let id = grant(&node, 1).await;
+    assert!(node.lease_alive(id));
+    assert!(!node.lease_alive(LeaseId(424242)));
+    tokio::time::sleep(Duration::from_millis(1050)).await;
+    // Deadline passed: whether or not the expiry has been applied yet, it is not alive.
+    assert!(!node.lease_alive(id));
+    let kept = grant(&node, 1).await;
+    for _ in 0..6 {
+        node.lease_keep_alive(kept).unwrap();
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert!(node.lease_alive(kept));
+    }
+    assert!(node.time_ms() >= node.read(|sm| sm.last_time_ms()));
+    node.shutdown().await;
+}
+
+/// Deletion watches fire on the delete of their key only (not on puts, not on other keys),
+/// once, and unregister when dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deletion_watches_fire_once_on_delete() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = start(tmp.path()).await;
+    node.propose(put("a", b"1")).await.unwrap();
+    node.propose(put("b", b"1")).await.unwrap();
+    let (live, watches) = node.read_and_watch_deletions(|sm| {
+        let live = sm.range(&RangeRequest {
+            range: KeyRange {
+                key: b"a".to_vec(),
+                range_end: vec![],
+            },
+            ..Default::default()
+        });
+        (live.unwrap().count, vec![b"a".to_vec(), b"b".to_vec()])
+    });
+    assert_eq!(live, 1);
+    assert_eq!(node.deletion_watch_count(), 2);
+    let (wa, wb) = (&watches[0], &watches[1]);
+    assert_eq!(wa.key(), b"a");
+    node.propose(put("a", b"2")).await.unwrap();
+    let quick = Duration::from_millis(100);
+    assert!(
+        tokio::time::timeout(quick, wa.deleted()).await.is_err(),
+        "a put is not a delete"
+    );
+    let del = Command::DeleteRange(baton_core::DeleteRangeRequest {
+        range: KeyRange {
+            key: b"a".to_vec(),
+            range_end: vec![],
+        },
+        prev_kv: false,
+    });
+    node.propose(del).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(1), wa.deleted())
+        .await
+        .expect("the delete wakes the watch");
+    assert!(
+        tokio::time::timeout(quick, wb.deleted()).await.is_err(),
+        "other keys do not"
+    );
+    assert_eq!(node.deletion_watch_count(), 1, "a fired watch is forgotten");
+    drop(watches);
+    assert_eq!(
+        node.deletion_watch_count(),
+        0,
+        "a dropped watch unregisters"
+    );
+    node.shutdown().await;
+}
+
 /// Two replicas on one data directory would interleave their logs; the second is refused.
 #[tokio::test]
 async fn a_data_directory_is_used_by_one_replica_at_a_time() {

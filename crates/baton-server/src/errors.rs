@@ -16,7 +16,16 @@ pub const TIMED_OUT: &str = "etcdserver: request timed out";
 /// etcd's message for an oversized request.
 pub const TOO_LARGE: &str = "etcdserver: request is too large";
 
-/// Maps a domain error to etcd's status.
+/// etcd's v3election errors. etcd returns them as plain Go errors, which gRPC reports with
+/// code `Unknown`; clients match the text, so Baton sends the same code and text.
+pub const ELECTION_NO_LEADER: &str = "election: no leader";
+/// Proclaim by someone whose leader key is gone or was re-created.
+pub const ELECTION_NOT_LEADER: &str = "election: not leader";
+/// Proclaim or Resign without a `leader`.
+pub const ELECTION_MISSING_LEADER: &str = "\"leader\" field must be provided";
+
+/// Maps a domain error to etcd's status (Baton's own lock and fence errors get the closest
+/// gRPC code and a `baton:` message).
 pub fn kv_status(err: &KvError) -> Status {
     let code = match err {
         KvError::EmptyKey
@@ -28,8 +37,68 @@ pub fn kv_status(err: &KvError) -> Status {
         KvError::LeaseExists => Code::FailedPrecondition,
         KvError::LeaseTtlTooLarge => Code::OutOfRange,
         KvError::Compacted | KvError::FutureRevision => Code::OutOfRange,
+        KvError::LeaseRequired
+        | KvError::EmptyLockName
+        | KvError::EmptyFenceResource
+        | KvError::InvalidFencingToken
+        | KvError::ReasonRequired
+        | KvError::ReasonTooLong
+        | KvError::LockDelayTooLong => Code::InvalidArgument,
+        KvError::NotHolder => Code::FailedPrecondition,
+        KvError::LockRegistryFull | KvError::FenceTableFull => Code::ResourceExhausted,
     };
     Status::new(code, err.to_string())
+}
+
+/// Why a lock acquisition did not end with the caller holding the lock (Baton's own; etcd's
+/// Lock RPC has no such outcomes besides its context errors).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockError {
+    /// `try_only` and another key heads the queue.
+    Held { holder_key: Vec<u8>, token: i64 },
+    /// `try_only` and the lock is in lock-delay after an expired holder.
+    Delayed { until_ms: u64 },
+    /// The waiter's own key disappeared while it waited (lease expired, revoked, deleted or
+    /// force-released).
+    WaiterKeyDeleted,
+    /// The waiter reached the head but its lease is no longer alive (etcd#11456).
+    LeaseExpired,
+    /// `timeout_ms` passed; the waiter's key was deleted.
+    TimedOut { after_ms: u64 },
+    /// Too many acquisitions waiting on this server at once.
+    TooManyWaiters { limit: usize },
+    /// The fenced write's token is not the current holder's.
+    FencingTokenRejected,
+}
+
+/// Maps a lock outcome to its status.
+pub fn lock_status(err: &LockError) -> Status {
+    match err {
+        LockError::Held { holder_key, token } => Status::failed_precondition(format!(
+            "baton: lock is held by {} (fencing token {token})",
+            String::from_utf8_lossy(holder_key)
+        )),
+        LockError::Delayed { until_ms } => Status::failed_precondition(format!(
+            "baton: lock is in lock-delay after an expired holder until {until_ms} \
+             (ms since the Unix epoch, leader time)"
+        )),
+        LockError::WaiterKeyDeleted => Status::failed_precondition(
+            "baton: lock waiter's key was deleted while waiting (lease expired or revoked, or \
+             force-released)",
+        ),
+        LockError::LeaseExpired => {
+            Status::failed_precondition("baton: the lease expired before the lock could be granted")
+        }
+        LockError::TimedOut { after_ms } => Status::deadline_exceeded(format!(
+            "baton: lock not acquired within {after_ms} ms (the waiter's key was deleted)"
+        )),
+        LockError::TooManyWaiters { limit } => Status::resource_exhausted(format!(
+            "baton: too many lock acquisitions waiting on this member (limit {limit})"
+        )),
+        LockError::FencingTokenRejected => {
+            Status::failed_precondition("baton: fencing token rejected")
+        }
+    }
 }
 
 /// Maps a replication failure to etcd's status.
@@ -85,5 +154,14 @@ mod tests {
             "etcdserver: mvcc: required revision is a future revision"
         );
         assert_eq!(propose_status(&ProposeError::NoLeader).message(), NO_LEADER);
+        let s = kv_status(&KvError::NotHolder);
+        assert_eq!(s.code(), Code::FailedPrecondition);
+        assert_eq!(s.message(), "baton: not the holder");
+        let s = kv_status(&KvError::LeaseRequired);
+        assert_eq!(s.code(), Code::InvalidArgument);
+        assert!(s.message().starts_with("baton: a lease is required"));
+        let s = lock_status(&LockError::FencingTokenRejected);
+        assert_eq!(s.code(), Code::FailedPrecondition);
+        assert_eq!(s.message(), "baton: fencing token rejected");
     }
 }

@@ -47,13 +47,14 @@ async fn health(State(st): State<HttpState>) -> impl IntoResponse {
 /// Refreshes the gauges that are read rather than counted, then renders everything.
 async fn render_metrics(State(st): State<HttpState>) -> impl IntoResponse {
     let status = st.shared.node.status();
-    let (revision, compact, keys, leases, size) = st.shared.node.read(|sm| {
+    let (revision, compact, keys, leases, size, locks) = st.shared.node.read(|sm| {
         (
             sm.revision(),
             sm.compact_revision(),
             sm.key_count(),
             sm.lease_ids().len(),
             sm.approximate_size_bytes(),
+            sm.lock_count(),
         )
     });
     metrics::gauge!("baton_raft_term").set(status.term as f64);
@@ -70,6 +71,7 @@ async fn render_metrics(State(st): State<HttpState>) -> impl IntoResponse {
     metrics::gauge!("baton_mvcc_compact_revision").set(compact.0 as f64);
     metrics::gauge!("baton_mvcc_keys").set(keys as f64);
     metrics::gauge!("baton_leases").set(leases as f64);
+    metrics::gauge!("baton_lock_registry_locks").set(locks as f64);
     (
         [("content-type", "text/plain; version=0.0.4")],
         st.metrics.render(),

@@ -15,7 +15,7 @@ pub struct KvService {
 }
 
 /// etcd refuses requests larger than `--max-request-bytes` before they reach the log.
-fn check_size<M: Message>(m: &M) -> Result<(), Status> {
+pub(crate) fn check_size<M: Message>(m: &M) -> Result<(), Status> {
     if m.encoded_len() > MAX_REQUEST_BYTES {
         return Err(Status::invalid_argument(TOO_LARGE));
     }

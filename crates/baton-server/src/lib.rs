@@ -4,18 +4,25 @@
 //! `/health`, `/metrics` and `/version`, and the single table that maps internal errors to
 //! etcd's exact status codes and messages ([`errors`]).
 //!
+//! Locks, elections and fencing (`v3lock`, `election`, `baton_v1`) share one engine,
+//! [`locks::LockEngine`], created per [`serve`] call.
+//!
 //! Every response header is built by [`Shared::header_at`] so `cluster_id`, `member_id`,
 //! `revision` and `raft_term` agree across all services (`etcdctl endpoint status` compares
 //! them).
 
+pub mod baton_v1;
 pub mod cluster;
 pub mod convert;
+pub mod election;
 pub mod errors;
 pub mod http;
 pub mod kv;
 pub mod lease;
+pub mod locks;
 pub mod maintenance;
 pub mod metrics_layer;
+pub mod v3lock;
 pub mod watch;
 
 use std::net::SocketAddr;
@@ -105,11 +112,26 @@ pub async fn serve(
     metrics: metrics_exporter_prometheus::PrometheusHandle,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    let locks = locks::LockEngine::new(shared.clone());
+    serve_with_locks(shared, locks, metrics, shutdown).await
+}
+
+/// [`serve`] with a lock engine the caller keeps a handle on (tests read its
+/// [`locks::LockStats`]). The engine must have been made from the same `shared`.
+pub async fn serve_with_locks(
+    shared: Shared,
+    locks: locks::LockEngine,
+    metrics: metrics_exporter_prometheus::PrometheusHandle,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    use baton_proto::baton::v1::{fence_server::FenceServer, lock_server::LockServer};
     use baton_proto::etcdserverpb::{
         auth_server::AuthServer, cluster_server::ClusterServer, kv_server::KvServer,
         lease_server::LeaseServer, maintenance_server::MaintenanceServer,
         watch_server::WatchServer,
     };
+    use baton_proto::v3electionpb::election_server::ElectionServer;
+    use baton_proto::v3lockpb::lock_server::LockServer as V3LockServer;
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
@@ -158,7 +180,31 @@ pub async fn serve(
             }))
             .add_service(AuthServer::new(maintenance::AuthService {
                 shared: shared.clone(),
-            }));
+            }))
+            .add_service(
+                V3LockServer::new(v3lock::V3LockService {
+                    engine: locks.clone(),
+                })
+                .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
+            )
+            .add_service(
+                ElectionServer::new(election::ElectionService {
+                    engine: locks.clone(),
+                })
+                .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
+            )
+            .add_service(
+                LockServer::new(baton_v1::LockService {
+                    engine: locks.clone(),
+                })
+                .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
+            )
+            .add_service(
+                FenceServer::new(baton_v1::FenceService {
+                    engine: locks.clone(),
+                })
+                .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
+            );
         let mut stop = stop_rx.clone();
         tasks.spawn(async move {
             router

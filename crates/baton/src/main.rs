@@ -1,11 +1,11 @@
-//! `baton`: the one binary. `baton serve` runs a member that speaks the etcd v3 API.
+//! `baton`: the one binary. `baton serve` runs a member that speaks the etcd v3 API;
+//! `baton lock` and `baton elect` are the client side of Baton's locks and elections.
 
-use std::net::{SocketAddr, ToSocketAddrs};
-use std::path::PathBuf;
-use std::time::Duration;
+mod cli;
+mod serve;
 
-use anyhow::{bail, Context, Result};
-use clap::{Args, Parser, Subcommand};
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -14,8 +14,10 @@ use clap::{Args, Parser, Subcommand};
     about = "Baton: a coordination service that speaks the etcd v3 API",
     long_about = "Baton is a linearizable key-value store with leases, watches and transactions, \
                   replicated with Raft, that etcd clients (etcdctl, client libraries) talk to \
-                  unchanged.\n\nStart a single local member with `baton serve`, then try \
-                  `etcdctl --endpoints=127.0.0.1:2379 put greeting hello`."
+                  unchanged. On top of it Baton offers locks with fencing tokens and leader \
+                  elections.\n\nStart a single local member with `baton serve`, then try \
+                  `etcdctl --endpoints=127.0.0.1:2379 put greeting hello` or \
+                  `baton lock nightly-report -- ./report.sh`."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -25,152 +27,10 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a Baton member (etcd-style flags).
-    Serve(ServeArgs),
-}
-
-#[derive(Args, Debug)]
-struct ServeArgs {
-    /// Human-readable name of this member.
-    #[arg(long, default_value = "default")]
-    name: String,
-    /// Directory for the Raft log, snapshots and member identity. Created if missing.
-    #[arg(long, default_value = "./baton-data")]
-    data_dir: PathBuf,
-    /// Comma-separated URLs to serve the etcd gRPC API on (plain http only for now).
-    #[arg(long, default_value = "http://127.0.0.1:2379")]
-    listen_client_urls: String,
-    /// Comma-separated client URLs to advertise in the member list (default: the listen URLs).
-    #[arg(long)]
-    advertise_client_urls: Option<String>,
-    /// Comma-separated URLs for HTTP /metrics, /health and /version.
-    #[arg(long, default_value = "http://127.0.0.1:2381")]
-    listen_metrics_urls: String,
-    /// Comma-separated URLs for peer traffic (recorded in the member list; single member now).
-    #[arg(long, default_value = "http://127.0.0.1:2380")]
-    listen_peer_urls: String,
-    /// Comma-separated peer URLs to advertise (default: the listen peer URLs).
-    #[arg(long)]
-    initial_advertise_peer_urls: Option<String>,
-    /// Raft heartbeat interval in milliseconds.
-    #[arg(long, default_value_t = 100)]
-    heartbeat_interval: u64,
-    /// Raft election timeout in milliseconds; the smallest lease TTL is 1.5× this, rounded up
-    /// to whole seconds (as etcd).
-    #[arg(long, default_value_t = 1000)]
-    election_timeout: u64,
-    /// Take a snapshot and trim the log after this many entries.
-    #[arg(long, default_value_t = 10_000)]
-    snapshot_count: u64,
-    /// Interval of progress notifications to watchers that ask for them, in seconds.
-    #[arg(long, default_value_t = 600)]
-    watch_progress_notify_interval: u64,
-    /// Log filter (tracing's env-filter syntax), e.g. `info` or `baton_raft=debug`.
-    #[arg(long, default_value = "info")]
-    log_level: String,
-}
-
-fn split_urls(list: &str) -> Vec<String> {
-    list.split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(String::from)
-        .collect()
-}
-
-/// `http://host:port` → a socket address. TLS is not offered yet, so `https` is refused
-/// rather than served in plain text.
-fn url_to_addr(url: &str) -> Result<SocketAddr> {
-    let rest = if let Some(rest) = url.strip_prefix("http://") {
-        rest
-    } else if url.starts_with("https://") {
-        bail!("{url}: TLS is not supported yet; use an http:// URL");
-    } else {
-        bail!("{url}: expected a URL like http://127.0.0.1:2379");
-    };
-    let hostport = rest.trim_end_matches('/');
-    hostport
-        .to_socket_addrs()
-        .with_context(|| format!("{url}: cannot resolve"))?
-        .next()
-        .with_context(|| format!("{url}: no address"))
-}
-
-async fn serve(args: ServeArgs) -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(&args.log_level))
-        .with_writer(std::io::stderr)
-        .init();
-
-    let listen_client = split_urls(&args.listen_client_urls);
-    let client_addrs = listen_client
-        .iter()
-        .map(|u| url_to_addr(u))
-        .collect::<Result<Vec<_>>>()?;
-    let metrics_addrs = split_urls(&args.listen_metrics_urls)
-        .iter()
-        .map(|u| url_to_addr(u))
-        .collect::<Result<Vec<_>>>()?;
-    let peer_urls = split_urls(
-        args.initial_advertise_peer_urls
-            .as_deref()
-            .unwrap_or(&args.listen_peer_urls),
-    );
-    let advertise_client = args
-        .advertise_client_urls
-        .as_deref()
-        .map(split_urls)
-        .unwrap_or(listen_client);
-
-    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
-        .set_buckets(&[
-            0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-            2.5, 5.0,
-        ])
-        .context("metric buckets")?
-        .install_recorder()
-        .context("installing the metrics recorder")?;
-
-    let election_timeout = Duration::from_millis(args.election_timeout);
-    let mut node_config = baton_raft::NodeConfig::new(args.name.clone(), args.data_dir.clone());
-    node_config.client_urls = advertise_client;
-    node_config.peer_urls = peer_urls;
-    node_config.heartbeat_interval = Duration::from_millis(args.heartbeat_interval);
-    node_config.election_timeout = election_timeout;
-    node_config.snapshot_every_entries = args.snapshot_count;
-
-    let node = baton_raft::Node::start(node_config)
-        .await
-        .with_context(|| format!("starting the member in {}", args.data_dir.display()))?;
-
-    // etcd: minTTL = ceil(1.5 × election timeout).
-    let min_lease_ttl_s = ((election_timeout.as_millis() as u64 * 3).div_ceil(2000) as i64).max(1);
-    let shared = baton_server::Shared {
-        node: node.clone(),
-        config: baton_server::ServerConfig {
-            client_addrs,
-            metrics_addrs,
-            min_lease_ttl_s,
-            watch_progress_interval: Duration::from_secs(
-                args.watch_progress_notify_interval.max(1),
-            ),
-        },
-    };
-    let result = baton_server::serve(shared, metrics, shutdown_signal()).await;
-    tracing::info!("shutting down");
-    node.shutdown().await;
-    result.context("serving")?;
-    Ok(())
-}
-
-/// Resolves on SIGTERM or SIGINT.
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
+    Serve(serve::ServeArgs),
+    // No doc comments here: they would replace the subcommands' own (longer) help.
+    Lock(cli::lock::LockArgs),
+    Elect(cli::elect::ElectArgs),
 }
 
 fn main() -> Result<()> {
@@ -180,6 +40,16 @@ fn main() -> Result<()> {
         .build()
         .context("starting the async runtime")?;
     match cli.command {
-        Command::Serve(args) => runtime.block_on(serve(args)),
+        Command::Serve(args) => runtime.block_on(serve::serve(args)),
+        // The client commands decide their own exit status (the command's, or one of the
+        // documented codes), so they report errors themselves and exit here.
+        Command::Lock(args) => {
+            let code = runtime.block_on(cli::lock::run(args));
+            std::process::exit(code)
+        }
+        Command::Elect(args) => {
+            let code = runtime.block_on(cli::elect::run(args));
+            std::process::exit(code)
+        }
     }
 }

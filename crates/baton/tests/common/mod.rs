@@ -229,3 +229,287 @@ pub fn etcdctl(endpoint: &str, args: &[&str], stdin: Option<&str>) -> Out {
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
 }
+
+/// A `baton` subcommand (the binary under test) ready to be given arguments.
+pub fn baton_cmd() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_baton"))
+}
+
+/// Sends `signal` to `pid` (negative: to a process group).
+pub fn kill(pid: i32, signal: i32) {
+    // SAFETY: plain syscall; errors (already gone) are irrelevant to the tests.
+    unsafe {
+        libc::kill(pid, signal);
+    }
+}
+
+/// Every live descendant of `pid` (children, grandchildren, …), from /proc.
+pub fn descendants(pid: i32) -> Vec<i32> {
+    let mut parent_of: Vec<(i32, i32)> = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for entry in dir.flatten() {
+            let Ok(p) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+                continue;
+            };
+            // "pid (comm) state ppid …"; comm may contain spaces and parentheses.
+            let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+                continue;
+            };
+            if let Some(ppid) = rest.split_whitespace().nth(1).and_then(|s| s.parse().ok()) {
+                parent_of.push((p, ppid));
+            }
+        }
+    }
+    let mut found = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(parent) = frontier.pop() {
+        for &(p, pp) in &parent_of {
+            if pp == parent && !found.contains(&p) {
+                found.push(p);
+                frontier.push(p);
+            }
+        }
+    }
+    found
+}
+
+/// A long-running process with its stdout and stderr collected as they arrive, so a test
+/// can wait for a line, signal it, and read everything it said when something fails.
+/// Dropping it kills the process and everything it started.
+pub struct Proc {
+    pub name: String,
+    child: Child,
+    out: std::sync::Arc<std::sync::Mutex<String>>,
+    err: std::sync::Arc<std::sync::Mutex<String>>,
+    status: Option<std::process::ExitStatus>,
+}
+
+impl Proc {
+    pub fn spawn(name: &str, mut cmd: Command) -> Proc {
+        use std::io::Read;
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {name}: {e}"));
+        let collect = |mut pipe: Box<dyn Read + Send>| {
+            let buf = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+            let b = buf.clone();
+            std::thread::spawn(move || {
+                let mut chunk = [0u8; 4096];
+                while let Ok(n) = pipe.read(&mut chunk) {
+                    if n == 0 {
+                        break;
+                    }
+                    b.lock()
+                        .unwrap()
+                        .push_str(&String::from_utf8_lossy(&chunk[..n]));
+                }
+            });
+            buf
+        };
+        let out = collect(Box::new(child.stdout.take().unwrap()));
+        let err = collect(Box::new(child.stderr.take().unwrap()));
+        Proc {
+            name: name.to_string(),
+            child,
+            out,
+            err,
+            status: None,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn stdout(&self) -> String {
+        self.out.lock().unwrap().clone()
+    }
+
+    pub fn stderr(&self) -> String {
+        self.err.lock().unwrap().clone()
+    }
+
+    /// Everything the process said, for failure messages.
+    pub fn said(&self) -> String {
+        format!(
+            "[{}] stdout:\n{}\n[{}] stderr:\n{}",
+            self.name,
+            self.stdout(),
+            self.name,
+            self.stderr()
+        )
+    }
+
+    pub fn signal(&self, signal: i32) {
+        kill(self.pid(), signal);
+    }
+
+    /// Waits until stdout contains `needle`; panics with the output after `timeout`.
+    pub fn expect_stdout(&mut self, needle: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while !self.stdout().contains(needle) {
+            if Instant::now() > deadline {
+                panic!(
+                    "{}: {needle:?} not on stdout within {timeout:?}\n{}",
+                    self.name,
+                    self.said()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The exit status if the process has exited.
+    pub fn try_status(&mut self) -> Option<std::process::ExitStatus> {
+        if self.status.is_none() {
+            self.status = self.child.try_wait().unwrap();
+        }
+        self.status
+    }
+
+    /// Waits for the exit; panics with the output after `timeout`. Returns the shell-style
+    /// code (128 + N for a signal).
+    pub fn wait_exit(&mut self, timeout: Duration) -> i32 {
+        use std::os::unix::process::ExitStatusExt;
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = self.try_status() {
+                // Give the reader threads a moment to drain the pipes.
+                std::thread::sleep(Duration::from_millis(20));
+                return st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0));
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "{}: still running after {timeout:?}\n{}",
+                    self.name,
+                    self.said()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if self.try_status().is_none() {
+            let family = descendants(self.pid());
+            let _ = self.child.kill();
+            for p in family {
+                kill(p, libc::SIGKILL);
+            }
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// `etcdctl` (API v3) aimed at `endpoint`, for long-running commands used with [`Proc`].
+pub fn etcdctl_cmd(endpoint: &str) -> Command {
+    let bin = "/usr/bin/etcdctl";
+    assert!(
+        Path::new(bin).exists(),
+        "{bin} is missing: install Debian's etcd-client (.ci/run does)"
+    );
+    let mut cmd = Command::new(bin);
+    cmd.env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={endpoint}"));
+    cmd
+}
+
+/// A gRPC connection to a member over its own HTTP/2 connection.
+pub async fn channel(endpoint: &str) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{endpoint}"))
+        .unwrap()
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("connect to {endpoint}: {e}"))
+}
+
+/// Blocking wrappers for the few RPCs the process-level tests make from outside (inspect a
+/// lock, revoke a lease, force-release), so those tests can stay plain threads.
+pub struct Rpc {
+    rt: tokio::runtime::Runtime,
+    ch: tonic::transport::Channel,
+}
+
+impl Rpc {
+    pub fn connect(endpoint: &str) -> Rpc {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let ch = rt.block_on(channel(endpoint));
+        Rpc { rt, ch }
+    }
+
+    pub fn inspect(&self, name: &str) -> baton_proto::baton::v1::InspectResponse {
+        use baton_proto::baton::v1::{lock_client::LockClient, InspectRequest};
+        let mut c = LockClient::new(self.ch.clone());
+        self.rt
+            .block_on(c.inspect(InspectRequest {
+                name: name.as_bytes().to_vec(),
+            }))
+            .unwrap_or_else(|s| panic!("Inspect({name}): {s:?}"))
+            .into_inner()
+    }
+
+    pub fn force_release(&self, name: &str, reason: &str) {
+        use baton_proto::baton::v1::{lock_client::LockClient, ForceReleaseRequest};
+        let mut c = LockClient::new(self.ch.clone());
+        self.rt
+            .block_on(c.force_release(ForceReleaseRequest {
+                name: name.as_bytes().to_vec(),
+                reason: reason.to_string(),
+                fencing_token: 0,
+            }))
+            .unwrap_or_else(|s| panic!("ForceRelease({name}): {s:?}"));
+    }
+
+    pub fn revoke(&self, lease: i64) {
+        use baton_proto::etcdserverpb::{lease_client::LeaseClient, LeaseRevokeRequest};
+        let mut c = LeaseClient::new(self.ch.clone());
+        self.rt
+            .block_on(c.lease_revoke(LeaseRevokeRequest { id: lease }))
+            .unwrap_or_else(|s| panic!("LeaseRevoke({lease:x}): {s:?}"));
+    }
+
+    /// The lease's remaining TTL in seconds; -1 if it does not exist (any more).
+    pub fn lease_ttl(&self, lease: i64) -> i64 {
+        use baton_proto::etcdserverpb::{lease_client::LeaseClient, LeaseTimeToLiveRequest};
+        let mut c = LeaseClient::new(self.ch.clone());
+        self.rt
+            .block_on(c.lease_time_to_live(LeaseTimeToLiveRequest {
+                id: lease,
+                keys: false,
+            }))
+            .unwrap_or_else(|s| panic!("LeaseTimeToLive({lease:x}): {s:?}"))
+            .into_inner()
+            .ttl
+    }
+
+    /// Keys under `prefix`.
+    pub fn keys(&self, prefix: &str) -> Vec<String> {
+        use baton_proto::etcdserverpb::{kv_client::KvClient, RangeRequest};
+        let mut end = prefix.as_bytes().to_vec();
+        *end.last_mut().unwrap() += 1;
+        let mut c = KvClient::new(self.ch.clone());
+        self.rt
+            .block_on(c.range(RangeRequest {
+                key: prefix.as_bytes().to_vec(),
+                range_end: end,
+                keys_only: true,
+                ..Default::default()
+            }))
+            .unwrap()
+            .into_inner()
+            .kvs
+            .into_iter()
+            .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
+            .collect()
+    }
+}

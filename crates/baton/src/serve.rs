@@ -1,0 +1,155 @@
+//! `baton serve`: one member speaking the etcd v3 API (etcd-style flags).
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Human-readable name of this member.
+    #[arg(long, default_value = "default")]
+    name: String,
+    /// Directory for the Raft log, snapshots and member identity. Created if missing.
+    #[arg(long, default_value = "./baton-data")]
+    data_dir: PathBuf,
+    /// Comma-separated URLs to serve the etcd gRPC API on (plain http only for now).
+    #[arg(long, default_value = "http://127.0.0.1:2379")]
+    listen_client_urls: String,
+    /// Comma-separated client URLs to advertise in the member list (default: the listen URLs).
+    #[arg(long)]
+    advertise_client_urls: Option<String>,
+    /// Comma-separated URLs for HTTP /metrics, /health and /version.
+    #[arg(long, default_value = "http://127.0.0.1:2381")]
+    listen_metrics_urls: String,
+    /// Comma-separated URLs for peer traffic (recorded in the member list; single member now).
+    #[arg(long, default_value = "http://127.0.0.1:2380")]
+    listen_peer_urls: String,
+    /// Comma-separated peer URLs to advertise (default: the listen peer URLs).
+    #[arg(long)]
+    initial_advertise_peer_urls: Option<String>,
+    /// Raft heartbeat interval in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    heartbeat_interval: u64,
+    /// Raft election timeout in milliseconds; the smallest lease TTL is 1.5× this, rounded up
+    /// to whole seconds (as etcd).
+    #[arg(long, default_value_t = 1000)]
+    election_timeout: u64,
+    /// Take a snapshot and trim the log after this many entries.
+    #[arg(long, default_value_t = 10_000)]
+    snapshot_count: u64,
+    /// Interval of progress notifications to watchers that ask for them, in seconds.
+    #[arg(long, default_value_t = 600)]
+    watch_progress_notify_interval: u64,
+    /// Log filter (tracing's env-filter syntax), e.g. `info` or `baton_raft=debug`.
+    #[arg(long, default_value = "info,openraft=warn")]
+    log_level: String,
+}
+
+fn split_urls(list: &str) -> Vec<String> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+/// `http://host:port` → a socket address. TLS is not offered yet, so `https` is refused
+/// rather than served in plain text.
+fn url_to_addr(url: &str) -> Result<SocketAddr> {
+    let rest = if let Some(rest) = url.strip_prefix("http://") {
+        rest
+    } else if url.starts_with("https://") {
+        bail!("{url}: TLS is not supported yet; use an http:// URL");
+    } else {
+        bail!("{url}: expected a URL like http://127.0.0.1:2379");
+    };
+    let hostport = rest.trim_end_matches('/');
+    hostport
+        .to_socket_addrs()
+        .with_context(|| format!("{url}: cannot resolve"))?
+        .next()
+        .with_context(|| format!("{url}: no address"))
+}
+
+pub async fn serve(args: ServeArgs) -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(&args.log_level))
+        .with_writer(std::io::stderr)
+        // Colour codes only for a terminal; log files and journald get plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+
+    let listen_client = split_urls(&args.listen_client_urls);
+    let client_addrs = listen_client
+        .iter()
+        .map(|u| url_to_addr(u))
+        .collect::<Result<Vec<_>>>()?;
+    let metrics_addrs = split_urls(&args.listen_metrics_urls)
+        .iter()
+        .map(|u| url_to_addr(u))
+        .collect::<Result<Vec<_>>>()?;
+    let peer_urls = split_urls(
+        args.initial_advertise_peer_urls
+            .as_deref()
+            .unwrap_or(&args.listen_peer_urls),
+    );
+    let advertise_client = args
+        .advertise_client_urls
+        .as_deref()
+        .map(split_urls)
+        .unwrap_or(listen_client);
+
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets(&[
+            0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+            2.5, 5.0,
+        ])
+        .context("metric buckets")?
+        .install_recorder()
+        .context("installing the metrics recorder")?;
+
+    let election_timeout = Duration::from_millis(args.election_timeout);
+    let mut node_config = baton_raft::NodeConfig::new(args.name.clone(), args.data_dir.clone());
+    node_config.client_urls = advertise_client;
+    node_config.peer_urls = peer_urls;
+    node_config.heartbeat_interval = Duration::from_millis(args.heartbeat_interval);
+    node_config.election_timeout = election_timeout;
+    node_config.snapshot_every_entries = args.snapshot_count;
+
+    let node = baton_raft::Node::start(node_config)
+        .await
+        .with_context(|| format!("starting the member in {}", args.data_dir.display()))?;
+
+    // etcd: minTTL = ceil(1.5 × election timeout).
+    let min_lease_ttl_s = ((election_timeout.as_millis() as u64 * 3).div_ceil(2000) as i64).max(1);
+    let shared = baton_server::Shared {
+        node: node.clone(),
+        config: baton_server::ServerConfig {
+            client_addrs,
+            metrics_addrs,
+            min_lease_ttl_s,
+            watch_progress_interval: Duration::from_secs(
+                args.watch_progress_notify_interval.max(1),
+            ),
+        },
+    };
+    let result = baton_server::serve(shared, metrics, shutdown_signal()).await;
+    tracing::info!("shutting down");
+    node.shutdown().await;
+    result.context("serving")?;
+    Ok(())
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
