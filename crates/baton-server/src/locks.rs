@@ -456,6 +456,10 @@ impl Engine {
             Response::Error(e) => return Err(kv_status(&e)),
             other => return Err(unexpected(other)),
         };
+        // "Waiters per lock" without a label per lock name (unbounded cardinality): the
+        // queue length each newcomer finds, as a distribution.
+        let (_, queue_len) = self.shared.node.read(|sm| sm.lock_queue(&spec.name, 0));
+        metrics::histogram!("baton_lock_queue_length").record(queue_len as f64);
         if spec.proclaim_existing && !created && kv.value != spec.value {
             let rev = kv.create_revision.0;
             let (ok, _, _) = self

@@ -108,6 +108,19 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
             2.5, 5.0,
         ])
         .context("metric buckets")?
+        // Counts, not seconds: queue lengths and proposal batch sizes.
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Suffix("_length".into()),
+            &[
+                0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0,
+            ],
+        )
+        .context("metric buckets")?
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Suffix("_batch_size".into()),
+            &[1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1024.0],
+        )
+        .context("metric buckets")?
         .install_recorder()
         .context("installing the metrics recorder")?;
 

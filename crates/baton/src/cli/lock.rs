@@ -163,8 +163,12 @@ async fn run_inner(args: LockArgs) -> Result<i32> {
             let _ = session.revoke().await;
             return Ok(EXIT_LOST);
         }
-        release(&mut locks, &held).await;
+        let released = release(&mut locks, &held).await;
         session.revoke().await.unwrap_or_else(warn);
+        if let Released::NotHolder(why) = released {
+            eprintln!("baton lock: LOST the lock '{name}' before releasing it: {why}");
+            return Ok(EXIT_LOST);
+        }
         return Ok(0);
     }
 
@@ -196,8 +200,19 @@ async fn run_inner(args: LockArgs) -> Result<i32> {
     };
     match event {
         Event::Exited(status) => {
-            release(&mut locks, &held).await;
+            // The command may have finished after the lock was lost without this process
+            // noticing (it was paused, say): the release tells. A lost lock is never reported
+            // as success.
+            let released = release(&mut locks, &held).await;
             session.revoke().await.unwrap_or_else(warn);
+            if let Released::NotHolder(why) = released {
+                eprintln!(
+                    "baton lock: LOST the lock '{name}' (token {}) before the command ended                      with status {}: {why}; exiting with {EXIT_LOST}",
+                    held.fencing_token,
+                    exit_code(status)
+                );
+                return Ok(EXIT_LOST);
+            }
             Ok(exit_code(status))
         }
         Event::Lost(reason) => {
@@ -271,18 +286,36 @@ async fn describe_holder(locks: &mut LockClient<Channel>, name: &str) -> Option<
     ))
 }
 
+/// What a release found out about the lock.
+enum Released {
+    /// The key still held the lock with our token: it was held without a break until now.
+    Cleanly,
+    /// The server says we no longer held it: it was lost at some point before the release
+    /// (for example while this process was paused), whatever the command believed.
+    NotHolder(String),
+    /// No answer; revoking the lease right after deletes the key anyway.
+    Unknown,
+}
+
 /// Releases the lock with its token (a clean release: no lock-delay for the next holder).
-///
-/// Failure is reported but not fatal: revoking the lease right after deletes the key anyway.
-async fn release(locks: &mut LockClient<Channel>, held: &AcquireResponse) {
+async fn release(locks: &mut LockClient<Channel>, held: &AcquireResponse) -> Released {
     let call = locks.release(ReleaseRequest {
         key: held.key.clone(),
         fencing_token: held.fencing_token,
     });
     match tokio::time::timeout(Duration::from_secs(3), call).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(s)) => warn(anyhow::anyhow!(describe_status("releasing the lock", &s))),
-        Err(_) => warn(anyhow::anyhow!("releasing the lock: no answer within 3 s")),
+        Ok(Ok(_)) => Released::Cleanly,
+        Ok(Err(s)) if s.code() == tonic::Code::FailedPrecondition => {
+            Released::NotHolder(describe_status("releasing the lock", &s))
+        }
+        Ok(Err(s)) => {
+            warn(anyhow::anyhow!(describe_status("releasing the lock", &s)));
+            Released::Unknown
+        }
+        Err(_) => {
+            warn(anyhow::anyhow!("releasing the lock: no answer within 3 s"));
+            Released::Unknown
+        }
     }
 }
 

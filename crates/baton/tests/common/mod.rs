@@ -24,17 +24,25 @@ pub struct Baton {
     pub client_port: u16,
     pub metrics_port: u16,
     pub peer_port: u16,
+    /// Extra `baton serve` flags, kept across restarts.
+    pub extra_args: Vec<String>,
 }
 
 impl Baton {
     /// Starts a member on fresh ports with `data_dir` and waits until it serves.
     pub fn start(data_dir: &Path) -> Baton {
+        Baton::start_with(data_dir, &[])
+    }
+
+    /// Like [`Baton::start`], with extra `baton serve` flags.
+    pub fn start_with(data_dir: &Path, extra_args: &[&str]) -> Baton {
         let mut b = Baton {
             child: None,
             data_dir: data_dir.to_path_buf(),
             client_port: free_port(),
             metrics_port: free_port(),
             peer_port: free_port(),
+            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
         };
         b.spawn();
         b
@@ -58,6 +66,7 @@ impl Baton {
             .arg(format!("http://127.0.0.1:{}", self.metrics_port))
             .arg("--listen-peer-urls")
             .arg(format!("http://127.0.0.1:{}", self.peer_port))
+            .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
