@@ -12,6 +12,7 @@ const PROTOS: &[&str] = &[
     "v3lockpb/v3lock.proto",
     "v3electionpb/v3election.proto",
     "baton/v1/baton.proto",
+    "baton/raft/v1/raft.proto",
 ];
 
 fn main() -> Result<(), Box<dyn Error>> {

@@ -132,6 +132,11 @@ impl DeleteOptions {
         self.prefix = true;
         self
     }
+    /// Keys in `[key, end)` (`end = [0]`: every key from the given one on).
+    pub fn with_range_end(mut self, end: impl Into<Vec<u8>>) -> Self {
+        self.req.range_end = end.into();
+        self
+    }
     /// Return the deleted pairs.
     pub fn with_prev_kv(mut self) -> Self {
         self.req.prev_kv = true;

@@ -87,10 +87,35 @@ impl Client {
 
     /// The lease's remaining and granted TTL (remaining `-1`: the lease does not exist).
     pub async fn lease_time_to_live(&self, lease: i64) -> Result<LeaseTimeToLiveResponse> {
-        let req = pb::LeaseTimeToLiveRequest {
-            id: lease,
-            keys: false,
-        };
+        self.time_to_live(lease, false).await
+    }
+
+    /// Like [`Client::lease_time_to_live`], plus the keys attached to the lease.
+    pub async fn lease_time_to_live_with_keys(
+        &self,
+        lease: i64,
+    ) -> Result<LeaseTimeToLiveResponse> {
+        self.time_to_live(lease, true).await
+    }
+
+    /// Every live lease's id (etcd's `LeaseLeases`), in the server's order.
+    pub async fn lease_list(&self) -> Result<Vec<i64>> {
+        let resp = self
+            .call(
+                "Lease/LeaseLeases",
+                Retry::Idempotent,
+                Deadline::Default,
+                |ch, t| {
+                    let r = request(pb::LeaseLeasesRequest {}, t);
+                    async move { LeaseClient::new(ch).lease_leases(r).await }
+                },
+            )
+            .await?;
+        Ok(resp.leases.into_iter().map(|l| l.id).collect())
+    }
+
+    async fn time_to_live(&self, lease: i64, keys: bool) -> Result<LeaseTimeToLiveResponse> {
+        let req = pb::LeaseTimeToLiveRequest { id: lease, keys };
         self.call(
             "Lease/LeaseTimeToLive",
             Retry::Idempotent,

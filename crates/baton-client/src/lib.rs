@@ -17,6 +17,9 @@
 //!   [`Mutex`] → [`Guard`] (timeouts, cancellation, try-lock, multi-lock, fenced writes,
 //!   atomic release), [`FenceGate`], [`RwLock`] and [`Semaphore`] → [`Permit`],
 //!   [`Election`] → [`Leadership`], [`Barrier`], [`DoubleBarrier`], [`Queue`].
+//! - For operators and tools: [`Client::status`], [`Client::member_list`],
+//!   [`Client::list_locks`] and [`Client::inspect_lock`] (Baton's lock registry: holders
+//!   and waiters), [`Client::lease_list`].
 //!
 //! ```
 //! # baton_client::testing::doctest(|endpoint| async move {
@@ -133,6 +136,7 @@
 
 #![warn(missing_docs)]
 
+mod admin;
 mod barrier;
 mod client;
 mod config;
@@ -159,6 +163,10 @@ pub use baton_proto as proto;
 /// A key with its revisions, version, lease and value (etcd's `mvccpb.KeyValue`).
 pub use baton_proto::mvccpb::KeyValue;
 
+pub use admin::{
+    InspectResponse, ListLocksOptions, ListLocksResponse, LockEntry, LockSummary, Member,
+    MemberListResponse, StatusResponse,
+};
 pub use barrier::{Barrier, DoubleBarrier};
 pub use client::{Client, RequestId};
 pub use config::{ClientConfig, ServerKind, TlsConfig};

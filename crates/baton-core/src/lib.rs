@@ -34,7 +34,7 @@ pub mod watch;
 
 pub use command::*;
 pub use locks::{
-    lock_key, lock_name_of, lock_prefix, prefix_end, ForceReleaseRecord, LockInfo,
+    lock_key, lock_name_of, lock_prefix, prefix_end, ForceReleaseRecord, LockInfo, LockSummary,
     FORCE_RELEASE_RETENTION_MS, MAX_FENCE_RESOURCES, MAX_FORCE_RELEASE_RECORDS, MAX_LOCKS,
     MAX_LOCK_DELAY_MS, MAX_REASON_BYTES,
 };

@@ -33,7 +33,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::{KeyRange, LeaseId};
+use crate::types::{KeyRange, KeyValue, LeaseId};
 
 /// Locks the registry holds at most.
 pub const MAX_LOCKS: usize = 100_000;
@@ -124,6 +124,23 @@ pub struct LockInfo {
     pub delayed_until_ms: u64,
     /// Newest last.
     pub force_releases: Vec<ForceReleaseRecord>,
+}
+
+/// One registered lock as [`crate::StateMachine::lock_list`] reports it: enough for an
+/// overview of every lock (who holds it, how many wait) without one `lock_queue` call per
+/// name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockSummary {
+    pub name: Vec<u8>,
+    /// The head of the queue: the holder, unless a lock-delay is still running (then it is
+    /// the next to be granted). `None` when the queue is empty.
+    pub head: Option<KeyValue>,
+    /// Keys in the queue, the head included.
+    pub queue_len: usize,
+    /// Lock-delay applied when the holder's lease expires; 0 = none.
+    pub delay_ms: u64,
+    /// Leader time before which the lock must not be granted (0 = never delayed).
+    pub delayed_until_ms: u64,
 }
 
 /// A registry entry as stored (and snapshotted).
@@ -229,6 +246,26 @@ impl LockTable {
 
     pub(crate) fn queue(&self, name: &[u8]) -> Option<&Queue> {
         self.queues.get(name)
+    }
+
+    /// Registered names in order, starting after `after` (empty: from the start), that
+    /// begin with `prefix`, each with its queue. A range walk over the ordered map, so a
+    /// page costs `O(log n + page)` however many locks there are.
+    pub(crate) fn list<'a>(
+        &'a self,
+        after: &[u8],
+        prefix: &'a [u8],
+    ) -> impl Iterator<Item = (&'a Vec<u8>, &'a LockRecord, Option<&'a Queue>)> + 'a {
+        use std::ops::Bound;
+        let start = if !after.is_empty() && after >= prefix {
+            Bound::Excluded(after.to_vec())
+        } else {
+            Bound::Included(prefix.to_vec())
+        };
+        self.records
+            .range::<Vec<u8>, _>((start, Bound::Unbounded))
+            .take_while(move |(name, _)| name.starts_with(prefix))
+            .map(|(name, record)| (name, record, self.queues.get(name)))
     }
 
     pub(crate) fn is_registered(&self, name: &[u8]) -> bool {

@@ -61,6 +61,17 @@ pub mod baton {
     pub mod v1 {
         tonic::include_proto!("baton.v1");
     }
+
+    /// Baton's internal peer-to-peer service (`baton.raft.v1`): Raft replication between
+    /// members and requests forwarded to the leader. Served on peer URLs only; payloads are
+    /// bincode and change with Baton's build, so every member must run the same one.
+    pub mod raft {
+        /// Version 1 of the peer service.
+        #[allow(clippy::all, missing_docs)]
+        pub mod v1 {
+            tonic::include_proto!("baton.raft.v1");
+        }
+    }
 }
 
 /// Encoded `google.protobuf.FileDescriptorSet` covering every proto file in
@@ -177,6 +188,7 @@ mod tests {
             "v3lockpb",
             "v3electionpb",
             "baton.v1",
+            "baton.raft.v1",
         ]
         .iter()
         .all(|p| s.contains(p))

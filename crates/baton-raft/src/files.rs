@@ -9,7 +9,10 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub(crate) const VOTE_MAGIC: &[u8; 8] = b"BTNVOTE1";
-pub(crate) const MEMBER_MAGIC: &[u8; 8] = b"BTNMEMB1";
+/// Version 2: the membership in the log and snapshots records `types::Member` (name, peer
+/// and client URLs) instead of openraft's `BasicNode`; version-1 directories are refused.
+pub(crate) const MEMBER_MAGIC: &[u8; 8] = b"BTNMEMB2";
+const OLD_MEMBER_MAGIC: &[u8; 8] = b"BTNMEMB1";
 /// Bound on the payload of a framed small file; anything bigger is corruption, not data.
 const MAX_SMALL_FILE_BYTES: usize = 1 << 20;
 
@@ -92,6 +95,11 @@ pub(crate) fn read_framed(
     }
 }
 
+/// Whether `path` is a member identity written by a Baton before clusters (format 1).
+pub(crate) fn has_old_member_magic(path: &Path) -> bool {
+    fs::read(path).is_ok_and(|b| b.starts_with(OLD_MEMBER_MAGIC))
+}
+
 /// Who this replica is. Persisted once, on first start, in `data_dir/member.meta`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct MemberMeta {
@@ -101,9 +109,8 @@ pub(crate) struct MemberMeta {
     pub(crate) name: String,
 }
 
-/// The one place identities are minted. A single-member cluster picks random non-zero ids;
-/// multi-member bootstrapping will derive them from `--initial-cluster` (as etcd hashes
-/// peer URLs and the cluster token) and must change only this function.
+/// Identity of a single-member cluster (no `--initial-cluster`): random non-zero ids. Members
+/// of multi-member clusters derive theirs from `--initial-cluster` (`cluster::derive_ids`).
 pub(crate) fn new_identity(name: &str) -> MemberMeta {
     let nonzero = || loop {
         let v: u64 = rand::random();

@@ -10,38 +10,63 @@
 //! - `sm`: the applied state (core state machine + watch hub) as openraft's state machine;
 //! - `lease`: the leader's in-memory lease clock;
 //! - `deletions`: one-shot key-deletion watches that wake lock waiters one at a time;
-//! - `network`: peer transport (none yet: clusters have one member).
+//! - `cluster`: `--initial-cluster` parsing and the deterministic member and cluster ids;
+//! - `network` (client) and `peer_server` (server): the peer transport, openraft's messages
+//!   and requests forwarded to the leader over the `baton.raft.v1.Raft` gRPC service;
+//!   `wire`: the bincode payloads of that service.
+//!
+//! # Followers
+//! Only the leader proposes, keeps the lease clock and can confirm a read index. [`Node`]'s
+//! methods therefore *route*: on the leader they run locally; on a follower they are sent to
+//! the leader as a `Forward` call (`LeaderRequest`) and the answer is unpacked. A request that
+//! certainly did not reach a leader (refused connection, the leader had just lost leadership)
+//! is retried until `REQUEST_TIMEOUT`; a proposal that may have reached it is never resent
+//! (it could be applied twice) and fails with [`ProposeError::LeaderFailed`].
 //!
 //! On disk, under `data_dir`: `member.meta` (identity), `raft/vote`, `raft/wal/*.wal`,
 //! `snap/<term>-<index>.snap`.
 
+mod cluster;
 mod deletions;
 mod files;
 mod lease;
 mod network;
+mod peer_server;
 mod proposer;
 mod sm;
 mod snapshot;
 mod types;
 mod wal;
+mod wire;
 
 use std::collections::BTreeMap;
 use std::fs;
 use std::io;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use baton_core::{Applied, Command, LeaseId, Response, Revision, StateMachine, Term, WatchHub};
-use openraft::error::{CheckIsLeaderError, Fatal, RaftError};
-use openraft::{BasicNode, ServerState, SnapshotPolicy};
+use openraft::error::{
+    ChangeMembershipError, CheckIsLeaderError, ClientWriteError, Fatal, RaftError,
+};
+use openraft::metrics::WaitError;
+use openraft::{ChangeMembers, ServerState, SnapshotPolicy};
+use serde::{Deserialize, Serialize};
 
+use crate::cluster::DerivedIds;
+pub use crate::cluster::{
+    parse_initial_cluster, ClusterConfig, ClusterConfigError, InitialClusterState, InitialMember,
+};
 pub use crate::deletions::KeyDeletion;
 use crate::files::MemberMeta;
+use crate::network::{Method, PeerError, PeerNetwork, Peers};
 use crate::proposer::Proposer;
 use crate::sm::{AppliedState, CurrentSnapshot, Shared, StateStore};
-use crate::types::Raft;
+use crate::types::{Member, Raft};
+use crate::wire::{ForwardedProposal, LeaderRequest, LeaderResponse};
 
 /// How to start a replica.
 #[derive(Debug, Clone)]
@@ -62,6 +87,9 @@ pub struct NodeConfig {
     pub max_pending_watch_events: usize,
     /// Take a snapshot (and purge the log before it) after this many applied entries.
     pub snapshot_every_entries: u64,
+    /// Member of a multi-member cluster (`--initial-cluster` given); `None`: a single-member
+    /// cluster with random ids and no peer listener, as before clusters existed.
+    pub cluster: Option<ClusterConfig>,
 }
 
 impl NodeConfig {
@@ -76,6 +104,7 @@ impl NodeConfig {
             election_timeout: Duration::from_millis(1000),
             max_pending_watch_events: 1024,
             snapshot_every_entries: 10_000,
+            cluster: None,
         }
     }
 }
@@ -107,15 +136,22 @@ pub struct NodeStatus {
 }
 
 /// A write's outcome together with the term it was committed in (for response headers).
+///
+/// For a proposal made on a follower (forwarded to the leader), `applied.events` is empty:
+/// the leader does not ship them back, since this member's watchers get the same events
+/// from its own apply (which has happened by the time `propose` returns).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Proposed {
     pub applied: Applied,
     pub raft_term: u64,
+    /// The Raft log index of the entry that carried the command.
+    pub raft_index: u64,
 }
 
 /// Why a proposal or a linearizable read did not go through. The server maps these to etcd's
-/// `etcdserver: no leader` / `leader changed` / `request timed out`.
-#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+/// `etcdserver: no leader` / `leader changed` / `request timed out`. Serializable: a leader
+/// sends them back to the follower that forwarded a request.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ProposeError {
     #[error("no leader")]
     NoLeader,
@@ -130,6 +166,15 @@ pub enum ProposeError {
     /// Storage failed; the replica stops serving rather than risk acknowledging a lost write.
     #[error("storage failure: {0}")]
     Storage(String),
+    /// A proposal was forwarded to the leader, which failed (or could not be heard from)
+    /// before answering: it may or may not have been applied (etcd's "request timed out,
+    /// possibly due to previous leader failure").
+    #[error("the leader failed before answering: {0}")]
+    LeaderFailed(String),
+    /// The leader refused a membership change (another one is in progress, or the member is
+    /// unknown).
+    #[error("membership change refused: {0}")]
+    MembershipChange(String),
 }
 
 /// Why a replica could not start.
@@ -156,10 +201,19 @@ pub enum StartError {
     /// it.
     #[error("data directory {path} is in use by another process")]
     Locked { path: PathBuf },
+    /// The cluster flags are inconsistent.
+    #[error(transparent)]
+    Config(#[from] ClusterConfigError),
+    /// A peer address could not be bound.
+    #[error("cannot listen for peers on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// Result of a lease keep-alive on the leader.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum KeepAlive {
     /// Renewed; the lease's granted TTL in seconds.
     Renewed { ttl_s: i64 },
@@ -170,9 +224,16 @@ pub enum KeepAlive {
 /// How long a proposal or read barrier may take before the caller gets `Timeout` (etcd's
 /// default request timeout is of the same order).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long `start` waits for this replica to become leader, so the first request after a
-/// start does not fail with "no leader".
+/// How long `start` of a sole voter waits for it to become leader, so the first request after
+/// a start does not fail with "no leader". (Members of larger clusters do not wait: their
+/// peers may not be up yet, and requests wait for a leader anyway.)
 const STARTUP_LEADER_WAIT: Duration = Duration::from_secs(5);
+/// After a forwarded request failed without reaching a leader, wait at most this long for the
+/// leader to change before trying again (the same leader may also come back).
+const LEADER_RETRY_INTERVAL: Duration = Duration::from_millis(50);
+/// Retry interval bounds of publishing this member's attributes.
+const PUBLISH_RETRY_MIN: Duration = Duration::from_millis(100);
+const PUBLISH_RETRY_MAX: Duration = Duration::from_secs(2);
 /// Lease clock resolution: a lease expires at most this much after its deadline.
 const LEASE_TICK: Duration = Duration::from_millis(100);
 /// Bounds one `ExpireLeases` entry (an entry is fsynced and applied as one unit).
@@ -196,6 +257,10 @@ struct Inner {
     member_id: u64,
     cluster_id: u64,
     raft: Raft,
+    /// Channels to peers (shared with openraft's network), for forwarding to the leader.
+    peers: Arc<Peers>,
+    /// Multi-member bootstrap: the ids derived from `--initial-cluster` and its state.
+    initial: Option<(DerivedIds, InitialClusterState)>,
     shared: Arc<Shared>,
     wal: wal::WalHandle,
     proposer: Proposer,
@@ -245,15 +310,40 @@ fn fatal_error(f: &Fatal<u64>, shutting_down: bool) -> ProposeError {
 /// Reads this member's identity, or mints and persists one on a pristine directory. A missing
 /// identity next to existing Raft state is refused: a new member id would not be a voter of
 /// the recorded membership and the replica could never make progress.
+///
+/// In a multi-member cluster (`initial` given) the identity is derived from
+/// `--initial-cluster`; on a restart the persisted identity wins (as etcd ignores the initial
+/// flags once a member has data) and a disagreement is only logged.
 fn load_or_create_member(
     data_dir: &Path,
     name: &str,
     pristine: bool,
+    initial: Option<&(DerivedIds, InitialClusterState)>,
 ) -> Result<MemberMeta, StartError> {
     let path = data_dir.join("member.meta");
+    if files::has_old_member_magic(&path) {
+        return Err(invalid_data(
+            &path,
+            "this data directory was written by an earlier Baton whose log format this \
+             version cannot read (member info changed); start from an empty directory"
+                .into(),
+        ));
+    }
     match files::read_framed(&path, files::MEMBER_MAGIC).map_err(io_error(&path))? {
         Some(Ok(payload)) => {
-            files::decode_member(&payload).map_err(|reason| invalid_data(&path, reason))
+            let meta =
+                files::decode_member(&payload).map_err(|reason| invalid_data(&path, reason))?;
+            if let Some((ids, _)) = initial {
+                if ids.cluster_id != meta.cluster_id || ids.id_of(name) != Some(meta.member_id) {
+                    tracing::warn!(
+                        member_id = format_args!("{:x}", meta.member_id),
+                        cluster_id = format_args!("{:x}", meta.cluster_id),
+                        "--initial-cluster describes another identity than the one in the \
+                         data directory; the data directory wins"
+                    );
+                }
+            }
+            Ok(meta)
         }
         Some(Err(reason)) => Err(invalid_data(
             &path,
@@ -264,11 +354,48 @@ fn load_or_create_member(
             "member identity is missing but Raft state exists".into(),
         )),
         None => {
-            let meta = files::new_identity(name);
+            let meta = match initial {
+                None => files::new_identity(name),
+                Some((_, InitialClusterState::Existing)) => {
+                    return Err(ClusterConfigError::ExistingWithoutData.into())
+                }
+                Some((ids, InitialClusterState::New)) => MemberMeta {
+                    member_id: ids
+                        .id_of(name)
+                        .ok_or_else(|| ClusterConfigError::NotListed(name.to_string()))?,
+                    cluster_id: ids.cluster_id,
+                    name: name.to_string(),
+                },
+            };
             files::write_atomic(&path, &files::encode_member(&meta)).map_err(io_error(&path))?;
             Ok(meta)
         }
     }
+}
+
+/// openraft's election timeouts for Baton's (etcd's) election timeout `T`: about the longest
+/// a follower waits without hearing from its leader before it campaigns.
+///
+/// openraft 0.9 makes a follower that has a leader wait its *leader lease*
+/// (`election_timeout_max`) plus its own election timeout (drawn once, in
+/// `[election_timeout_min, election_timeout_max)`) after the last heartbeat, checked on a
+/// tick of 1.5 heartbeat intervals, and refuse votes for the lease after each heartbeat.
+/// `max = 0.4 T` and `min = 0.25 T` therefore replace a dead leader `[0.65 T, 0.8 T)` after
+/// its last heartbeat, plus up to one tick, plus one vote round: within `T` with the default
+/// timing (a new leader extends leases by `T`, which must cover the time without one).
+/// (openraft's usual `min = T, max = 2T` would mean `[3T, 4T)`: 3–4 s with the default 1 s.)
+/// Split votes are rare and short: at equal terms openraft prefers the higher member id.
+/// Requires `T ≥ 5 × heartbeat` (etcd's rule), so the lease spans at least two heartbeats.
+fn openraft_election_timeouts(config: &NodeConfig) -> Result<(u64, u64), StartError> {
+    let t = config.election_timeout.as_millis() as u64;
+    let heartbeat = config.heartbeat_interval.as_millis() as u64;
+    if heartbeat == 0 || t < 5 * heartbeat {
+        return Err(StartError::Raft(format!(
+            "the election timeout ({t} ms) must be at least 5 times the heartbeat interval \
+             ({heartbeat} ms)"
+        )));
+    }
+    Ok((t / 4, t * 2 / 5))
 }
 
 /// The applied state to start from: the newest snapshot, or an empty store.
@@ -307,8 +434,18 @@ fn load_state(snap_dir: &Path) -> Result<(AppliedState, Option<CurrentSnapshot>)
 
 impl Node {
     /// Opens (or creates) the data directory, recovers snapshot + log tail, and starts Raft.
-    /// A fresh directory becomes a one-member cluster.
+    /// Without `config.cluster` a fresh directory becomes a one-member cluster. With it, the
+    /// peer service is served on the peer addresses before this returns, and a fresh member
+    /// of a `new` cluster either initializes it (the member with the smallest id) or waits to
+    /// be contacted; this does not wait for a leader.
     pub async fn start(config: NodeConfig) -> Result<Node, StartError> {
+        let initial = match &config.cluster {
+            None => None,
+            Some(c) => Some((
+                cluster::derive_ids(c, &config.name, &config.peer_urls)?,
+                c.state,
+            )),
+        };
         let data_dir = config.data_dir.clone();
         let raft_dir = data_dir.join("raft");
         let snap_dir = data_dir.join("snap");
@@ -334,7 +471,13 @@ impl Node {
         let (state, current_snapshot) = load_state(&snap_dir)?;
         let recovered = wal::recover(&raft_dir)?;
         let pristine = recovered.mem.is_pristine() && current_snapshot.is_none();
-        let member = load_or_create_member(&data_dir, &config.name, pristine)?;
+        let member = load_or_create_member(&data_dir, &config.name, pristine, initial.as_ref())?;
+        // Bound before Raft starts: a port conflict fails the start instead of leaving a
+        // member that nobody can reach.
+        let peer_listeners = match &config.cluster {
+            Some(c) => peer_server::bind(&c.listen_peer_addrs).await?,
+            None => Vec::new(),
+        };
 
         // The log before the purge point exists only in the snapshot; if the snapshot does not
         // reach it, entries are missing and serving would silently lose writes.
@@ -349,15 +492,17 @@ impl Node {
             });
         }
 
+        let (election_timeout_min, election_timeout_max) = openraft_election_timeouts(&config)?;
         let raft_config = openraft::Config {
             cluster_name: format!("baton-{:016x}", member.cluster_id),
             heartbeat_interval: config.heartbeat_interval.as_millis() as u64,
-            election_timeout_min: config.election_timeout.as_millis() as u64,
-            election_timeout_max: 2 * config.election_timeout.as_millis() as u64,
+            election_timeout_min,
+            election_timeout_max,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every_entries.max(1)),
             // Keep a little log behind the snapshot for followers that lag slightly (cheaper
             // than shipping a snapshot), but not much: it is memory and disk.
             max_in_snapshot_log_to_keep: (config.snapshot_every_entries / 2).min(1000),
+            snapshot_max_chunk_size: wire::SNAPSHOT_CHUNK_BYTES,
             ..Default::default()
         }
         .validate()
@@ -366,10 +511,13 @@ impl Node {
         let hub = WatchHub::new(config.max_pending_watch_events);
         let shared = Arc::new(Shared::new(state, hub, snap_dir, current_snapshot));
         let (log_store, wal) = wal::open(&raft_dir, recovered)?;
+        let peers = Arc::new(Peers::new(member.cluster_id, member.member_id));
         let raft = match Raft::new(
             member.member_id,
             Arc::new(raft_config),
-            network::NoPeers,
+            PeerNetwork {
+                peers: peers.clone(),
+            },
             log_store,
             StateStore {
                 shared: shared.clone(),
@@ -397,6 +545,8 @@ impl Node {
                 member_id: member.member_id,
                 cluster_id: member.cluster_id,
                 raft,
+                peers,
+                initial,
                 shared,
                 wal,
                 proposer,
@@ -405,38 +555,74 @@ impl Node {
                 dir_lock: parking_lot::Mutex::new(Some(dir_lock)),
             }),
         };
+        if !peer_listeners.is_empty() {
+            let service = peer_server::PeerService {
+                cluster_id: member.cluster_id,
+                me: member.member_id,
+                raft: node.inner.raft.clone(),
+                node: Arc::downgrade(&node.inner),
+            };
+            let tasks = peer_server::spawn(peer_listeners, service);
+            node.inner.tasks.lock().extend(tasks);
+        }
         if let Err(e) = node.inner.bootstrap().await {
             node.shutdown().await;
             return Err(e);
         }
-        let task = tokio::spawn(lease_loop(Arc::downgrade(&node.inner)));
-        node.inner.tasks.lock().push(task);
+        let lease_task = tokio::spawn(lease_loop(Arc::downgrade(&node.inner)));
+        let publish_task = tokio::spawn(publish_loop(Arc::downgrade(&node.inner)));
+        node.inner.tasks.lock().extend([lease_task, publish_task]);
         Ok(node)
     }
 
     /// Stamps the command with the leader's time, replicates it, waits until it is durable
     /// (fsynced) and applied, and returns what applying it produced.
+    ///
+    /// On a follower the command is forwarded to the leader, and the call returns once this
+    /// member has applied it too (a client reads its own write on the member it wrote
+    /// through, and this member's watchers have seen it).
     pub async fn propose(&self, command: Command) -> Result<Proposed, ProposeError> {
-        self.inner.propose(command).await
+        let inner = &self.inner;
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        let req = match inner
+            .route(LeaderRequest::Propose(command), deadline)
+            .await?
+        {
+            Routed::Local(req) => req,
+            Routed::Remote(LeaderResponse::Proposed(p)) => {
+                // Committed: a slow local apply does not make it fail, only later visible.
+                let _ = inner.wait_applied(p.raft_index, deadline).await;
+                return Ok(Proposed {
+                    applied: Applied {
+                        revision: p.revision,
+                        response: p.response,
+                        events: Vec::new(),
+                    },
+                    raft_term: p.raft_term,
+                    raft_index: p.raft_index,
+                });
+            }
+            Routed::Remote(other) => return Err(unexpected_answer(other)),
+        };
+        match req {
+            LeaderRequest::Propose(command) => inner.propose(command).await,
+            _ => unreachable!("route hands back the request it was given"),
+        }
     }
 
-    /// Returns once this replica has applied everything committed before the call and has
-    /// confirmed it is still the leader (ReadIndex): reads after it are linearizable.
+    /// Returns once this replica has applied everything committed before the call and the
+    /// leader has confirmed its leadership with a quorum (ReadIndex): reads after it are
+    /// linearizable. On a follower the leader is asked for the read index over the peer
+    /// service; the wait for it to be applied is local.
     pub async fn read_barrier(&self) -> Result<(), ProposeError> {
         let inner = &self.inner;
-        inner.check_running()?;
-        match tokio::time::timeout(REQUEST_TIMEOUT, inner.raft.ensure_linearizable()).await {
-            Err(_) => Err(ProposeError::Timeout),
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)))) => {
-                Err(leader_error(f.leader_id))
-            }
-            // Leadership could not be confirmed by a quorum in time.
-            Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_)))) => {
-                Err(ProposeError::Timeout)
-            }
-            Ok(Err(RaftError::Fatal(f))) => Err(inner.fatal_error(&f)),
-        }
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        let index = match inner.route(LeaderRequest::ReadIndex, deadline).await? {
+            Routed::Local(_) => inner.read_index_local().await?,
+            Routed::Remote(LeaderResponse::ReadIndex(index)) => index,
+            Routed::Remote(other) => return Err(unexpected_answer(other)),
+        };
+        inner.wait_applied(index, deadline).await
     }
 
     /// Runs `f` on the applied state (a read lock; keep `f` short).
@@ -486,58 +672,47 @@ impl Node {
         self.inner.shared.revision_tx.subscribe()
     }
 
-    /// Renews a lease on the leader's lease clock (not replicated, as etcd).
+    /// Renews a lease on the leader's lease clock (not replicated, as etcd), forwarding to the
+    /// leader when this member is a follower.
+    pub async fn renew_lease(&self, id: LeaseId) -> Result<KeepAlive, ProposeError> {
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        match self
+            .inner
+            .route(LeaderRequest::KeepAlive(id), deadline)
+            .await?
+        {
+            Routed::Local(_) => self.lease_keep_alive(id),
+            Routed::Remote(LeaderResponse::KeepAlive(k)) => Ok(k),
+            Routed::Remote(other) => Err(unexpected_answer(other)),
+        }
+    }
+
+    /// Remaining TTL of a lease in seconds on the leader's lease clock (see
+    /// [`Node::lease_remaining_s`]), forwarding to the leader when this member is a follower
+    /// (a follower's own estimate knows nothing of keep-alives).
+    pub async fn lease_time_to_live(&self, id: LeaseId) -> Result<Option<i64>, ProposeError> {
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        match self
+            .inner
+            .route(LeaderRequest::TimeToLive(id), deadline)
+            .await?
+        {
+            Routed::Local(_) => self.inner.time_to_live_local(id),
+            Routed::Remote(LeaderResponse::TimeToLive(ttl)) => Ok(ttl),
+            Routed::Remote(other) => Err(unexpected_answer(other)),
+        }
+    }
+
+    /// Renews a lease on this replica's lease clock; fails with `NotLeader` on a follower
+    /// (use [`Node::renew_lease`] to reach the leader from anywhere).
     pub fn lease_keep_alive(&self, id: LeaseId) -> Result<KeepAlive, ProposeError> {
-        let inner = &self.inner;
-        inner.check_running()?;
-        let (state, leader, term) = {
-            let m = inner.raft.metrics();
-            let m = m.borrow();
-            (m.state, m.current_leader, m.current_term)
-        };
-        if state != ServerState::Leader {
-            return Err(leader_error(leader.filter(|l| *l != inner.member_id)));
-        }
-        let now = Instant::now();
-        let shared = &inner.shared;
-        let renewal = shared.leases.lock().keep_alive(id, now);
-        let renewal = match renewal {
-            Some(r) => r,
-            None => {
-                // Before the post-election rebuild the clock may not know leases that predate
-                // this term; the state machine is the authority on which leases exist.
-                let st = shared.state.read();
-                let mut clock = shared.leases.lock();
-                if clock.ready_term() == Some(term) {
-                    return Ok(KeepAlive::NotFound);
-                }
-                match st.sm.lease(id) {
-                    Some(info) => clock.track(id, &info, now),
-                    None => return Ok(KeepAlive::NotFound),
-                }
-            }
-        };
-        if renewal.reset_checkpoint {
-            inner.reset_checkpoint(id, renewal.granted_ttl_s);
-        }
-        Ok(KeepAlive::Renewed {
-            ttl_s: renewal.granted_ttl_s,
-        })
+        self.inner.keep_alive_local(id)
     }
 
     /// Remaining TTL of a lease in seconds per the leader's lease clock (rounded as etcd does),
     /// `None` if unknown.
     pub fn lease_remaining_s(&self, id: LeaseId) -> Option<i64> {
-        let shared = &self.inner.shared;
-        if let Some(s) = shared.leases.lock().remaining_s(id, Instant::now()) {
-            return Some(s);
-        }
-        // Not on the clock (a replica that is not leader): the best replicated estimate.
-        let info = shared.state.read().sm.lease(id)?;
-        Some(
-            info.checkpoint_remaining_ms
-                .map_or(info.granted_ttl_s, |ms| ms.max(0) / 1000),
-        )
+        lease_remaining_s(&self.inner.shared, id)
     }
 
     /// Whether a lease is alive: it exists in the state machine, and the lease clock (the
@@ -594,6 +769,9 @@ impl Node {
         }
     }
 
+    /// Every member of the current membership. This member is shown as configured now; the
+    /// others as they last published themselves (name and client URLs are empty until a
+    /// member has run and published them, as etcd shows "unstarted" members).
     pub fn members(&self) -> Vec<MemberInfo> {
         let inner = &self.inner;
         let membership = inner.raft.metrics().borrow().membership_config.clone();
@@ -602,24 +780,18 @@ impl Node {
             .nodes()
             .map(|(id, node)| {
                 let me = *id == inner.member_id;
+                let (name, peer_urls, client_urls) = if me {
+                    let c = &inner.config;
+                    (c.name.clone(), c.peer_urls.clone(), c.client_urls.clone())
+                } else {
+                    let n = node.clone();
+                    (n.name, n.peer_urls, n.client_urls)
+                };
                 MemberInfo {
                     id: *id,
-                    // Other members' names and client URLs travel with multi-member support.
-                    name: if me {
-                        inner.config.name.clone()
-                    } else {
-                        String::new()
-                    },
-                    peer_urls: if me {
-                        inner.config.peer_urls.clone()
-                    } else {
-                        vec![node.addr.clone()]
-                    },
-                    client_urls: if me {
-                        inner.config.client_urls.clone()
-                    } else {
-                        Vec::new()
-                    },
+                    name,
+                    peer_urls,
+                    client_urls,
                     is_learner: !voters.contains(id),
                 }
             })
@@ -651,6 +823,44 @@ impl Node {
 }
 
 impl Inner {
+    /// The leader's half of a keep-alive: renews on this replica's lease clock.
+    fn keep_alive_local(self: &Arc<Self>, id: LeaseId) -> Result<KeepAlive, ProposeError> {
+        self.check_running()?;
+        let (state, leader, term) = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            (m.state, m.current_leader, m.current_term)
+        };
+        if state != ServerState::Leader {
+            return Err(leader_error(leader.filter(|l| *l != self.member_id)));
+        }
+        let now = Instant::now();
+        let shared = &self.shared;
+        let renewal = shared.leases.lock().keep_alive(id, now);
+        let renewal = match renewal {
+            Some(r) => r,
+            None => {
+                // Before the post-election rebuild the clock may not know leases that predate
+                // this term; the state machine is the authority on which leases exist.
+                let st = shared.state.read();
+                let mut clock = shared.leases.lock();
+                if clock.ready_term() == Some(term) {
+                    return Ok(KeepAlive::NotFound);
+                }
+                match st.sm.lease(id) {
+                    Some(info) => clock.track(id, &info, now),
+                    None => return Ok(KeepAlive::NotFound),
+                }
+            }
+        };
+        if renewal.reset_checkpoint {
+            self.reset_checkpoint(id, renewal.granted_ttl_s);
+        }
+        Ok(KeepAlive::Renewed {
+            ttl_s: renewal.granted_ttl_s,
+        })
+    }
+
     fn check_running(&self) -> Result<(), ProposeError> {
         if self.shutting_down.load(Ordering::Acquire) {
             return Err(ProposeError::ShuttingDown);
@@ -662,25 +872,76 @@ impl Inner {
         fatal_error(f, self.shutting_down.load(Ordering::Acquire))
     }
 
-    /// First start: make this directory a one-member cluster. Every start: get leadership
-    /// (a single voter elects itself) and have the lease clock ready before serving.
+    /// First start of a single member: make this directory a one-member cluster. First start
+    /// of a new multi-member cluster: the member with the smallest id initializes Raft with
+    /// every member of `--initial-cluster` (the others wait to be contacted; a member that
+    /// has data never initializes again). Every start of a sole voter: get leadership (it
+    /// elects itself) and have the lease clock ready before serving.
     async fn bootstrap(&self) -> Result<(), StartError> {
         let raft_err = |e: &dyn std::fmt::Display| StartError::Raft(e.to_string());
+        let mut initialized_now = false;
         if !self.raft.is_initialized().await.map_err(|e| raft_err(&e))? {
-            let addr = self.config.peer_urls.first().cloned().unwrap_or_default();
-            let members = BTreeMap::from([(self.member_id, BasicNode::new(addr))]);
-            self.raft
-                .initialize(members)
-                .await
-                .map_err(|e| raft_err(&e))?;
+            let own = Member {
+                name: self.config.name.clone(),
+                peer_urls: self.config.peer_urls.clone(),
+                client_urls: self.config.client_urls.clone(),
+            };
+            let members = match &self.initial {
+                None => Some(BTreeMap::from([(self.member_id, own)])),
+                Some((ids, InitialClusterState::New)) if ids.initializer() == self.member_id => {
+                    let all = ids.members.iter().map(|(id, m)| {
+                        let node = if *id == self.member_id {
+                            own.clone()
+                        } else {
+                            // Name and client URLs are published by the member itself.
+                            Member {
+                                name: String::new(),
+                                peer_urls: m.peer_urls.clone(),
+                                client_urls: Vec::new(),
+                            }
+                        };
+                        (*id, node)
+                    });
+                    Some(all.collect())
+                }
+                Some(_) => None,
+            };
+            if let Some(members) = members {
+                tracing::info!(members = members.len(), "initializing a new cluster");
+                self.raft
+                    .initialize(members)
+                    .await
+                    .map_err(|e| raft_err(&e))?;
+                initialized_now = true;
+            } else {
+                tracing::info!("waiting to be contacted by the cluster's leader");
+            }
         }
-        let (state, voters) = {
-            let m = self.raft.metrics();
-            let m = m.borrow();
-            (m.state, m.membership_config.voter_ids().collect::<Vec<_>>())
-        };
+        // Asked of the Raft core, not read from the metrics: those are published
+        // asynchronously and may not show the membership `initialize` just wrote.
+        let (state, voters) = self
+            .raft
+            .with_raft_state(|st| {
+                let voters = st
+                    .membership_state
+                    .effective()
+                    .voter_ids()
+                    .collect::<Vec<_>>();
+                (st.server_state, voters)
+            })
+            .await
+            .map_err(|e| raft_err(&e))?;
+        if voters != [self.member_id] {
+            // openraft campaigns at once after `initialize`; members waiting to be contacted
+            // (no voters yet) and restarted members do not wait for a leader here: their
+            // peers may not be up yet, and requests wait for a leader anyway.
+            if voters.contains(&self.member_id) && !initialized_now {
+                self.hold_elections_after_restart();
+            }
+            return Ok(());
+        }
         // The sole voter need not wait an election timeout to notice nobody else leads.
-        if voters == [self.member_id] && state != ServerState::Leader {
+        if state != ServerState::Leader {
             self.raft
                 .trigger()
                 .elect()
@@ -704,9 +965,293 @@ impl Inner {
         Ok(())
     }
 
+    /// A restarted voter of a multi-member cluster does not campaign for a while.
+    ///
+    /// openraft 0.9 has no pre-vote and treats a vote with no recorded update time (every
+    /// vote after a restart) as long expired, so a restarted member would campaign on its
+    /// first tick. Its log is usually behind, so it cannot win, but the higher term it
+    /// reaches the leader with (in the answer to the next AppendEntries) makes the leader
+    /// step down: every restart would cost the cluster an election. Holding elections for
+    /// a randomized `[0.8 T, T)` gives a live leader time to be heard (its heartbeats then
+    /// drive the usual election timer); if none is, the member campaigns afterwards (the
+    /// randomization spreads members of a cluster restarted as a whole).
+    fn hold_elections_after_restart(&self) {
+        let t = self.config.election_timeout;
+        let hold = t.mul_f64(rand::random::<f64>().mul_add(0.2, 0.8));
+        self.raft.runtime_config().elect(false);
+        let raft = self.raft.clone();
+        let task = tokio::spawn(async move {
+            tokio::time::sleep(hold).await;
+            raft.runtime_config().elect(true);
+        });
+        self.tasks.lock().push(task);
+    }
+
+    /// Proposes through this replica's own proposer (it must be the leader).
     async fn propose(&self, command: Command) -> Result<Proposed, ProposeError> {
         self.check_running()?;
         self.proposer.propose(command).await
+    }
+
+    /// Where a request that only the leader can serve goes: to `Routed::Local` (handed back)
+    /// when this member leads, else to the leader over the peer service. Waits for a leader
+    /// to be known, and retries while an attempt certainly did not reach a leader (refused
+    /// connection, wrong peer, the callee had lost leadership) or the request is idempotent;
+    /// all until `deadline`.
+    async fn route(
+        self: &Arc<Self>,
+        req: LeaderRequest,
+        deadline: Instant,
+    ) -> Result<Routed, ProposeError> {
+        self.check_running()?;
+        let leader = self.wait_for_leader(deadline).await?;
+        if leader == self.member_id {
+            return Ok(Routed::Local(req));
+        }
+        let idempotent = req.is_idempotent();
+        // Cannot fail in practice: requests are bounded (1.5 MiB) far below the peer limit.
+        let payload = wire::encode(&req).map_err(|e| {
+            ProposeError::Storage(format!("internal: cannot encode a forwarded request: {e}"))
+        })?;
+        let mut leader = leader;
+        loop {
+            let node = self
+                .raft
+                .metrics()
+                .borrow()
+                .membership_config
+                .membership()
+                .get_node(&leader)
+                .cloned();
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let outcome = match node {
+                None => Err(PeerError::Unreachable {
+                    target: leader,
+                    reason: "not in the membership".into(),
+                }),
+                Some(node) => {
+                    self.peers
+                        .call(leader, &node, Method::Forward, payload.clone(), remaining)
+                        .await
+                }
+            };
+            let retry_reason = match outcome {
+                Ok(bytes) => match wire::decode::<LeaderResponse>(&bytes) {
+                    // The callee was not (or no longer) the leader: it did nothing.
+                    Ok(LeaderResponse::Failed(
+                        e @ (ProposeError::NotLeader { .. } | ProposeError::NoLeader),
+                    )) => e.to_string(),
+                    Ok(LeaderResponse::Failed(e)) => return Err(e),
+                    Ok(resp) => return Ok(Routed::Remote(resp)),
+                    Err(e) if idempotent => e.to_string(),
+                    Err(e) => return Err(ProposeError::LeaderFailed(e.to_string())),
+                },
+                Err(e) if e.not_delivered() || idempotent => e.to_string(),
+                Err(PeerError::Timeout { .. }) => return Err(ProposeError::Timeout),
+                Err(e) => return Err(ProposeError::LeaderFailed(e.to_string())),
+            };
+            tracing::debug!(leader = format_args!("{leader:x}"), reason = %retry_reason, "forwarding to the leader failed; retrying");
+            self.check_running()?;
+            if Instant::now() >= deadline {
+                return Err(ProposeError::Timeout);
+            }
+            // Give the cluster a moment to elect someone else (or the same one to recover).
+            let _ = self
+                .raft
+                .wait(Some(
+                    LEADER_RETRY_INTERVAL.min(deadline.saturating_duration_since(Instant::now())),
+                ))
+                .metrics(
+                    |m| m.current_leader.is_some_and(|l| l != leader),
+                    "another leader",
+                )
+                .await;
+            leader = self.wait_for_leader(deadline).await?;
+            if leader == self.member_id {
+                return Ok(Routed::Local(req));
+            }
+        }
+    }
+
+    /// The current leader, waiting for one to be known until `deadline` (`NoLeader` then).
+    async fn wait_for_leader(&self, deadline: Instant) -> Result<u64, ProposeError> {
+        if let Some(leader) = self.raft.metrics().borrow().current_leader {
+            return Ok(leader);
+        }
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        match self
+            .raft
+            .wait(Some(remaining))
+            .metrics(|m| m.current_leader.is_some(), "a leader is known")
+            .await
+        {
+            Ok(m) => m.current_leader.ok_or(ProposeError::NoLeader),
+            Err(WaitError::Timeout(..)) => Err(ProposeError::NoLeader),
+            Err(WaitError::ShuttingDown) => Err(ProposeError::ShuttingDown),
+        }
+    }
+
+    /// Waits until this replica has applied Raft index `index` (`Timeout` after `deadline`).
+    async fn wait_applied(&self, index: u64, deadline: Instant) -> Result<(), ProposeError> {
+        let applied =
+            |m: &openraft::RaftMetrics<u64, Member>| m.last_applied.map_or(0, |l| l.index) >= index;
+        if applied(&self.raft.metrics().borrow()) {
+            return Ok(());
+        }
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        match self
+            .raft
+            .wait(Some(remaining))
+            .metrics(applied, "read index applied")
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(WaitError::Timeout(..)) => Err(ProposeError::Timeout),
+            Err(WaitError::ShuttingDown) => Err(ProposeError::ShuttingDown),
+        }
+    }
+
+    /// The leader's half of ReadIndex: confirms leadership with a quorum and returns the
+    /// index a linearizable read must wait for (not waiting for it here: the caller may be
+    /// on another member).
+    async fn read_index_local(&self) -> Result<u64, ProposeError> {
+        self.check_running()?;
+        match tokio::time::timeout(REQUEST_TIMEOUT, self.raft.get_read_log_id()).await {
+            Err(_) => Err(ProposeError::Timeout),
+            Ok(Ok((read_log_id, _))) => Ok(read_log_id.map_or(0, |l| l.index)),
+            Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)))) => {
+                Err(leader_error(f.leader_id))
+            }
+            // Leadership could not be confirmed by a quorum in time.
+            Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_)))) => {
+                Err(ProposeError::Timeout)
+            }
+            Ok(Err(RaftError::Fatal(f))) => Err(self.fatal_error(&f)),
+        }
+    }
+
+    /// The leader's half of TimeToLive.
+    fn time_to_live_local(&self, id: LeaseId) -> Result<Option<i64>, ProposeError> {
+        self.check_running()?;
+        let (state, leader) = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            (m.state, m.current_leader)
+        };
+        if state != ServerState::Leader {
+            return Err(leader_error(leader.filter(|l| *l != self.member_id)));
+        }
+        Ok(lease_remaining_s(&self.shared, id))
+    }
+
+    /// The leader's half of publishing: records `member`'s name and client URLs for `id`,
+    /// keeping the peer URLs the membership has (changing those is a member update, not a
+    /// publish). A membership entry that changes no voter is a single uniform config.
+    async fn publish_local(&self, id: u64, member: Member) -> Result<(), ProposeError> {
+        self.check_running()?;
+        let current = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            m.membership_config.membership().get_node(&id).cloned()
+        };
+        let Some(current) = current else {
+            return Err(ProposeError::MembershipChange(format!(
+                "member {id:x} is not in the membership"
+            )));
+        };
+        let node = Member {
+            peer_urls: current.peer_urls.clone(),
+            ..member
+        };
+        if node == current {
+            return Ok(());
+        }
+        let change = ChangeMembers::SetNodes(BTreeMap::from([(id, node)]));
+        match tokio::time::timeout(REQUEST_TIMEOUT, self.raft.change_membership(change, true)).await
+        {
+            Err(_) => Err(ProposeError::Timeout),
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
+                Err(leader_error(f.leader_id))
+            }
+            Ok(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e)))) => {
+                Err(ProposeError::MembershipChange(match e {
+                    ChangeMembershipError::InProgress(p) => format!("{p}"),
+                    other => other.to_string(),
+                }))
+            }
+            Ok(Err(RaftError::Fatal(f))) => Err(self.fatal_error(&f)),
+        }
+    }
+
+    /// Serves a request forwarded by a follower. Everything runs locally: a member that is
+    /// not the leader answers `NotLeader` and the follower tries again, so requests never
+    /// hop twice.
+    async fn serve_leader_request(self: &Arc<Self>, req: LeaderRequest) -> LeaderResponse {
+        let res = match req {
+            LeaderRequest::Propose(command) => self.propose(command).await.map(|p| {
+                LeaderResponse::Proposed(ForwardedProposal {
+                    revision: p.applied.revision,
+                    response: p.applied.response,
+                    raft_term: p.raft_term,
+                    raft_index: p.raft_index,
+                })
+            }),
+            LeaderRequest::ReadIndex => {
+                self.read_index_local().await.map(LeaderResponse::ReadIndex)
+            }
+            LeaderRequest::KeepAlive(id) => {
+                self.keep_alive_local(id).map(LeaderResponse::KeepAlive)
+            }
+            LeaderRequest::TimeToLive(id) => {
+                self.time_to_live_local(id).map(LeaderResponse::TimeToLive)
+            }
+            LeaderRequest::Publish { id, member } => self
+                .publish_local(id, member)
+                .await
+                .map(|()| LeaderResponse::Published),
+        };
+        res.unwrap_or_else(LeaderResponse::Failed)
+    }
+
+    /// One round of publishing this member's name and client URLs into the membership:
+    /// `Ok(true)` once the membership shows them, `Ok(false)` if not yet (not in a membership
+    /// yet, or just sent: the next round checks).
+    async fn publish_once(self: &Arc<Self>) -> Result<bool, ProposeError> {
+        let current = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            m.membership_config
+                .membership()
+                .get_node(&self.member_id)
+                .cloned()
+        };
+        // Not in a membership yet (waiting to be contacted): nothing to publish into.
+        let Some(current) = current else {
+            return Ok(false);
+        };
+        let member = Member {
+            name: self.config.name.clone(),
+            peer_urls: current.peer_urls.clone(),
+            client_urls: self.config.client_urls.clone(),
+        };
+        if member == current {
+            return Ok(true);
+        }
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        let req = LeaderRequest::Publish {
+            id: self.member_id,
+            member,
+        };
+        match self.route(req, deadline).await? {
+            Routed::Local(LeaderRequest::Publish { id, member }) => {
+                self.publish_local(id, member).await?
+            }
+            Routed::Local(_) => unreachable!("route hands back the request it was given"),
+            Routed::Remote(LeaderResponse::Published) => {}
+            Routed::Remote(other) => return Err(unexpected_answer(other)),
+        }
+        Ok(false)
     }
 
     /// Writes a full-TTL checkpoint for a renewed lease whose replicated checkpoint is stale
@@ -828,6 +1373,63 @@ impl Inner {
                 }
             }
         }
+    }
+}
+
+/// Remaining TTL per the lease clock, else (a replica that is not leader) the best replicated
+/// estimate; `None` if the lease does not exist.
+fn lease_remaining_s(shared: &Shared, id: LeaseId) -> Option<i64> {
+    if let Some(s) = shared.leases.lock().remaining_s(id, Instant::now()) {
+        return Some(s);
+    }
+    let info = shared.state.read().sm.lease(id)?;
+    Some(
+        info.checkpoint_remaining_ms
+            .map_or(info.granted_ttl_s, |ms| ms.max(0) / 1000),
+    )
+}
+
+/// Where [`Inner::route`] sent a request.
+enum Routed {
+    /// This member leads: serve it here (the request is handed back).
+    Local(LeaderRequest),
+    /// The leader's answer.
+    Remote(LeaderResponse),
+}
+
+/// A leader answered with the wrong kind of response: a bug, or two different Baton builds
+/// in one cluster.
+fn unexpected_answer(resp: LeaderResponse) -> ProposeError {
+    tracing::error!(
+        ?resp,
+        "the leader answered a forwarded request with the wrong kind of response"
+    );
+    ProposeError::LeaderFailed("unexpected answer from the leader".into())
+}
+
+/// Publishes this member's name and client URLs into the membership (etcd's `publish`), so
+/// every member's `MemberList` shows them: retried with backoff until the membership shows
+/// them, then done for this process's life. Weak for the same reason as `lease_loop`.
+async fn publish_loop(node: Weak<Inner>) {
+    let mut delay = PUBLISH_RETRY_MIN;
+    loop {
+        let Some(inner) = node.upgrade() else { return };
+        if inner.shutting_down.load(Ordering::Acquire) {
+            return;
+        }
+        match inner.publish_once().await {
+            Ok(true) => {
+                tracing::debug!(name = %inner.config.name, client_urls = ?inner.config.client_urls, "member attributes are in the membership");
+                return;
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "publishing member attributes failed; will retry");
+                delay = (delay * 2).min(PUBLISH_RETRY_MAX);
+            }
+        }
+        drop(inner);
+        tokio::time::sleep(delay).await;
     }
 }
 

@@ -1,71 +1,335 @@
-//! Peer networking placeholder. Clusters have one member for now, so openraft never needs to
-//! reach a peer; every connection answers "unreachable", which openraft treats as a transient
-//! failure (backoff and retry), never as data.
+//! Peer transport, client side: openraft's `RaftNetworkFactory`/`RaftNetwork` over the
+//! `baton.raft.v1.Raft` gRPC service, and the channel a follower forwards requests through.
+//!
+//! One tonic `Channel` per peer, shared by Raft replication, elections, ReadIndex heartbeats
+//! and forwarded requests (openraft asks for a new client per election and per ReadIndex, so
+//! channels are cached here, not per client). Channels connect lazily, reconnect by
+//! themselves and multiplex concurrent calls over one HTTP/2 connection. A call to a peer
+//! that is down fails at once (connection refused) or after `CONNECT_TIMEOUT`; openraft then
+//! backs off (`backoff`) instead of retrying in a loop.
 
-use std::io;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
 
-use openraft::error::{InstallSnapshotError, RPCError, RaftError, Unreachable};
-use openraft::network::RPCOption;
+use baton_proto::baton::raft::v1::raft_client::RaftClient;
+use baton_proto::baton::raft::v1::PeerMessage;
+use openraft::error::{
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Timeout,
+    Unreachable,
+};
+use openraft::network::{Backoff, RPCOption, RPCTypes};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::{BasicNode, RaftNetwork, RaftNetworkFactory};
+use openraft::{RaftNetwork, RaftNetworkFactory};
+use parking_lot::Mutex;
+use tonic::transport::{Channel, Endpoint};
 
-use crate::types::TypeConfig;
+use crate::types::{Member, TypeConfig};
+use crate::wire::{self, WireError, MAX_PEER_MESSAGE_BYTES};
 
-pub(crate) struct NoPeers;
+/// How long establishing a TCP connection to a peer may take. Loopback and LAN peers answer
+/// in microseconds; a peer that does not is treated as down rather than waited for.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+/// HTTP/2 pings on idle peer connections, so a peer that vanished without a FIN/RST (power
+/// loss, partition) is noticed and the connection re-established.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Replication to an unreachable peer pauses this long between attempts (growing to the
+/// last value), instead of retrying at heartbeat rate. Short at first so a restarted member
+/// catches up quickly.
+const BACKOFF_MS: [u64; 4] = [100, 250, 500, 1000];
 
-pub(crate) struct UnreachablePeer {
+/// The peer-service methods.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Method {
+    AppendEntries,
+    Vote,
+    InstallSnapshot,
+    Forward,
+}
+
+/// Why a call to a peer failed. What matters to callers is whether the request may have been
+/// processed: only then is retrying a non-idempotent request unsafe.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum PeerError {
+    /// Not delivered: no connection could be made (refused, connect timeout), or the member
+    /// has no peer URL.
+    #[error("member {target:x} is unreachable: {reason}")]
+    Unreachable { target: u64, reason: String },
+    /// Not delivered: the process at that address is not the member meant (another cluster,
+    /// another member), and refused the message before looking at it.
+    #[error("member {target:x}: {reason}")]
+    WrongPeer { target: u64, reason: String },
+    /// Sent (perhaps), but no valid answer came back: the request may have been processed.
+    #[error("call to member {target:x} failed: {reason}")]
+    Failed { target: u64, reason: String },
+    /// No answer within the time given: the request may have been processed.
+    #[error("call to member {target:x} timed out after {after:?}")]
+    Timeout { target: u64, after: Duration },
+}
+
+impl PeerError {
+    /// The request certainly did not reach the peer's handler.
+    pub(crate) fn not_delivered(&self) -> bool {
+        matches!(
+            self,
+            PeerError::Unreachable { .. } | PeerError::WrongPeer { .. }
+        )
+    }
+}
+
+/// Whether a transport failure is a refused connection (nothing was sent). tonic reports
+/// connect errors as `Unavailable` with the I/O error somewhere in the source chain.
+fn connection_refused(status: &tonic::Status) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionRefused
+                    | std::io::ErrorKind::TimedOut
+                    | std::io::ErrorKind::AddrNotAvailable
+            ) {
+                return true;
+            }
+        }
+        source = e.source();
+    }
+    false
+}
+
+/// Channels to peers and this member's identity for the envelope.
+pub(crate) struct Peers {
+    cluster_id: u64,
+    me: u64,
+    /// Per peer: the URLs the channel was made for (a membership change of a peer's URLs
+    /// makes a new channel) and the channel.
+    channels: Mutex<HashMap<u64, (Vec<String>, Channel)>>,
+}
+
+impl Peers {
+    pub(crate) fn new(cluster_id: u64, me: u64) -> Self {
+        Peers {
+            cluster_id,
+            me,
+            channels: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn channel(&self, target: u64, node: &Member) -> Result<Channel, PeerError> {
+        let mut channels = self.channels.lock();
+        if let Some((urls, ch)) = channels.get(&target) {
+            if *urls == node.peer_urls {
+                return Ok(ch.clone());
+            }
+        }
+        let unreachable = |reason: String| PeerError::Unreachable { target, reason };
+        let url = node
+            .peer_urls
+            .first()
+            .ok_or_else(|| unreachable("no peer URL in the membership".into()))?;
+        let endpoint = Endpoint::from_shared(url.clone())
+            .map_err(|e| unreachable(format!("bad peer URL {url}: {e}")))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true);
+        let ch = endpoint.connect_lazy();
+        channels.insert(target, (node.peer_urls.clone(), ch.clone()));
+        Ok(ch)
+    }
+
+    /// One call to `target`'s peer service, bounded by `timeout`. Returns the response
+    /// payload after checking the envelope.
+    pub(crate) async fn call(
+        &self,
+        target: u64,
+        node: &Member,
+        method: Method,
+        payload: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, PeerError> {
+        let ch = self.channel(target, node)?;
+        let mut client = RaftClient::new(ch)
+            .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES + 4096)
+            .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES + 4096);
+        let msg = PeerMessage {
+            cluster_id: self.cluster_id,
+            from: self.me,
+            to: target,
+            payload,
+        };
+        let call = async move {
+            match method {
+                Method::AppendEntries => client.append_entries(msg).await,
+                Method::Vote => client.vote(msg).await,
+                Method::InstallSnapshot => client.install_snapshot(msg).await,
+                Method::Forward => client.forward(msg).await,
+            }
+        };
+        let resp = match tokio::time::timeout(timeout, call).await {
+            Err(_) => {
+                return Err(PeerError::Timeout {
+                    target,
+                    after: timeout,
+                })
+            }
+            Ok(Err(status)) => {
+                let reason = format!("{method:?}: {}", status.message());
+                return Err(match status.code() {
+                    tonic::Code::FailedPrecondition => PeerError::WrongPeer { target, reason },
+                    tonic::Code::Unavailable if connection_refused(&status) => {
+                        PeerError::Unreachable { target, reason }
+                    }
+                    _ => PeerError::Failed { target, reason },
+                });
+            }
+            Ok(Ok(resp)) => resp.into_inner(),
+        };
+        if resp.cluster_id != self.cluster_id || resp.from != target || resp.to != self.me {
+            return Err(PeerError::Failed {
+                target,
+                reason: format!(
+                    "answer from cluster {:x} member {:x} to {:x}",
+                    resp.cluster_id, resp.from, resp.to
+                ),
+            });
+        }
+        Ok(resp.payload)
+    }
+}
+
+/// openraft's factory: hands out [`PeerClient`]s sharing the cached channels.
+pub(crate) struct PeerNetwork {
+    pub(crate) peers: Arc<Peers>,
+}
+
+impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: u64, node: &Member) -> Self::Network {
+        PeerClient {
+            peers: self.peers.clone(),
+            target,
+            node: node.clone(),
+        }
+    }
+}
+
+/// openraft's connection to one peer.
+pub(crate) struct PeerClient {
+    peers: Arc<Peers>,
     target: u64,
+    node: Member,
 }
 
-impl UnreachablePeer {
-    fn err<E: std::error::Error>(&self) -> RPCError<u64, BasicNode, E> {
-        let e = io::Error::new(
-            io::ErrorKind::Unsupported,
-            format!(
-                "peer networking is not implemented (member {:x})",
-                self.target
-            ),
-        );
-        RPCError::Unreachable(Unreachable::new(&e))
+type RpcResult<T, E = openraft::error::Infallible> =
+    Result<T, RPCError<u64, Member, RaftError<u64, E>>>;
+
+impl PeerClient {
+    /// Sends `payload` and decodes openraft's `Result<Resp, RaftError<E>>` from the answer.
+    async fn roundtrip<Resp, E>(
+        &self,
+        method: Method,
+        action: RPCTypes,
+        payload: Vec<u8>,
+        option: &RPCOption,
+    ) -> RpcResult<Resp, E>
+    where
+        Resp: serde::de::DeserializeOwned,
+        E: std::error::Error + serde::de::DeserializeOwned,
+    {
+        let ttl = option.hard_ttl();
+        let bytes = self
+            .peers
+            .call(self.target, &self.node, method, payload, ttl)
+            .await
+            .map_err(|e| match e {
+                PeerError::Timeout { .. } => RPCError::Timeout(Timeout {
+                    action,
+                    id: self.peers.me,
+                    target: self.target,
+                    timeout: ttl,
+                }),
+                // Everything else suggests the peer is down, restarting or not the one meant:
+                // `Unreachable` makes openraft back off (it may retry a `NetworkError` at
+                // once, which against a dead peer is a busy loop).
+                _ => RPCError::Unreachable(Unreachable::new(&e)),
+            })?;
+        let res: Result<Resp, RaftError<u64, E>> =
+            wire::decode(&bytes).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        res.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
 }
 
-impl RaftNetworkFactory<TypeConfig> for NoPeers {
-    type Network = UnreachablePeer;
-
-    async fn new_client(&mut self, target: u64, _node: &BasicNode) -> Self::Network {
-        UnreachablePeer { target }
-    }
+/// Encodes a message that has no size to give up (a vote, one snapshot chunk).
+fn encode_whole<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, NetworkError> {
+    wire::encode(value).map_err(|e| NetworkError::new(&e))
 }
 
-impl RaftNetwork<TypeConfig> for UnreachablePeer {
+impl RaftNetwork<TypeConfig> for PeerClient {
     async fn append_entries(
         &mut self,
-        _rpc: AppendEntriesRequest<TypeConfig>,
-        _option: RPCOption,
-    ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
-        Err(self.err())
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<AppendEntriesResponse<u64>> {
+        let entries = rpc.entries.len() as u64;
+        let payload = match wire::encode(&rpc) {
+            Ok(p) => p,
+            // openraft resends fewer entries at once; a single entry always fits (an entry is
+            // at most a 4 MiB proposal batch).
+            Err(WireError::TooLarge) if entries > 1 => {
+                return Err(RPCError::PayloadTooLarge(
+                    PayloadTooLarge::new_entries_hint(entries / 2),
+                ));
+            }
+            Err(e) => return Err(RPCError::Network(NetworkError::new(&e))),
+        };
+        self.roundtrip(
+            Method::AppendEntries,
+            RPCTypes::AppendEntries,
+            payload,
+            &option,
+        )
+        .await
     }
 
     async fn install_snapshot(
         &mut self,
-        _rpc: InstallSnapshotRequest<TypeConfig>,
-        _option: RPCOption,
-    ) -> Result<
-        InstallSnapshotResponse<u64>,
-        RPCError<u64, BasicNode, RaftError<u64, InstallSnapshotError>>,
-    > {
-        Err(self.err())
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<InstallSnapshotResponse<u64>, InstallSnapshotError> {
+        let payload = encode_whole(&rpc).map_err(RPCError::Network)?;
+        self.roundtrip(
+            Method::InstallSnapshot,
+            RPCTypes::InstallSnapshot,
+            payload,
+            &option,
+        )
+        .await
     }
 
     async fn vote(
         &mut self,
-        _rpc: VoteRequest<u64>,
-        _option: RPCOption,
-    ) -> Result<VoteResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
-        Err(self.err())
+        rpc: VoteRequest<u64>,
+        option: RPCOption,
+    ) -> RpcResult<VoteResponse<u64>> {
+        let payload = encode_whole(&rpc).map_err(RPCError::Network)?;
+        self.roundtrip(Method::Vote, RPCTypes::Vote, payload, &option)
+            .await
+    }
+
+    fn backoff(&self) -> Backoff {
+        let last = BACKOFF_MS[BACKOFF_MS.len() - 1];
+        Backoff::new(
+            BACKOFF_MS
+                .into_iter()
+                .chain(std::iter::repeat(last))
+                .map(Duration::from_millis),
+        )
     }
 }

@@ -189,13 +189,18 @@ async fn deliver(
         }
         Ok(Ok(resp)) => {
             let raft_term = resp.log_id.leader_id.term;
+            let raft_index = resp.log_id.index;
             let applied = resp.data.applied;
             if applied.len() != waiters.len() {
                 let msg = format!("{} results for {} commands", applied.len(), waiters.len());
                 return fail(waiters, ProposeError::Storage(msg));
             }
             for (w, applied) in waiters.into_iter().zip(applied) {
-                let _ = w.send(Ok(Proposed { applied, raft_term }));
+                let _ = w.send(Ok(Proposed {
+                    applied,
+                    raft_term,
+                    raft_index,
+                }));
             }
         }
     }

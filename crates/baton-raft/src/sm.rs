@@ -274,8 +274,8 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         Ok(Box::new(Cursor::new(Vec::new())))
     }
 
-    /// Replaces the state with a leader's snapshot (multi-member only; unused while clusters
-    /// have one member). Known gap: watchers are not told about the jump.
+    /// Replaces the state with a leader's snapshot (a follower too far behind for the log the
+    /// leader kept). Known gap: watchers are not told about the jump.
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta,
@@ -304,6 +304,7 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         };
         self.shared.deletions.lock().fire_all();
         self.shared.revision_tx.send_replace(rev);
+        tracing::info!(last_log_id = ?meta.last_log_id, revision = rev.0, "installed a snapshot from the leader");
         Ok(())
     }
 

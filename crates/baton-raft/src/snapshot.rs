@@ -17,7 +17,8 @@ use crate::types::SnapshotMeta;
 use crate::StartError;
 
 const SNAP_MAGIC: &[u8; 8] = b"BTNSNAP1";
-const SNAP_VERSION: u32 = 1;
+/// Version 2: the membership in the meta records `types::Member` instead of `BasicNode`.
+const SNAP_VERSION: u32 = 2;
 /// A header is a few hundred bytes (membership included); more is corruption.
 const MAX_HEADER_BYTES: usize = 1 << 20;
 

@@ -36,13 +36,41 @@ pub(crate) struct Reply {
     pub(crate) applied: Vec<Applied>,
 }
 
+/// What the membership records about each member (openraft's `Node`): enough for peers to
+/// reach it and for `MemberList` to show it on every member.
+///
+/// `peer_urls` come from `--initial-cluster` when the cluster is created. `name` and
+/// `client_urls` are *published* by the member itself once it runs (a membership entry that
+/// updates only its own node, as etcd's `publish`): the member that initializes a cluster
+/// knows its peers' peer URLs but not their client URLs. Until a member has published, its
+/// `client_urls` are empty (etcdctl shows it as "unstarted").
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// etcd's `--name`.
+    pub name: String,
+    /// Where peers reach this member's `baton.raft.v1.Raft` service.
+    pub peer_urls: Vec<String>,
+    /// Where clients reach this member's etcd API.
+    pub client_urls: Vec<String>,
+}
+
+impl std::fmt::Display for Member {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}(peers {:?}, clients {:?})",
+            self.name, self.peer_urls, self.client_urls
+        )
+    }
+}
+
 openraft::declare_raft_types!(
-    /// Baton's openraft types: node ids are member ids, nodes carry their peer URL.
+    /// Baton's openraft types: node ids are member ids, nodes are [`Member`]s.
     pub(crate) TypeConfig:
         D = Request,
         R = Reply,
         NodeId = u64,
-        Node = openraft::BasicNode,
+        Node = Member,
         Entry = openraft::Entry<TypeConfig>,
         SnapshotData = Cursor<Vec<u8>>,
         AsyncRuntime = openraft::TokioRuntime,
@@ -51,7 +79,7 @@ openraft::declare_raft_types!(
 pub(crate) type LogId = openraft::LogId<u64>;
 pub(crate) type Vote = openraft::Vote<u64>;
 pub(crate) type RaftEntry = openraft::Entry<TypeConfig>;
-pub(crate) type Membership = openraft::StoredMembership<u64, openraft::BasicNode>;
-pub(crate) type SnapshotMeta = openraft::SnapshotMeta<u64, openraft::BasicNode>;
+pub(crate) type Membership = openraft::StoredMembership<u64, Member>;
+pub(crate) type SnapshotMeta = openraft::SnapshotMeta<u64, Member>;
 pub(crate) type StorageError = openraft::StorageError<u64>;
 pub(crate) type Raft = openraft::Raft<TypeConfig>;

@@ -18,6 +18,11 @@ use crate::locks::{AcquireSpec, Held, LockEngine};
 pub const MAX_ACQUIRE_MANY: usize = 64;
 /// Waiters `Inspect` lists (it reports the total in `waiter_count`).
 pub const MAX_INSPECT_WAITERS: usize = 1000;
+/// Locks `List` returns when the request names no limit.
+pub const DEFAULT_LIST_LOCKS: usize = 1000;
+/// The most locks one `List` returns, whatever the request asks: an answer is built under
+/// the state machine's read lock, so its size must stay bounded (page with `after`).
+pub const MAX_LIST_LOCKS: usize = 10_000;
 
 /// The Baton lock service.
 pub struct LockService {
@@ -255,6 +260,64 @@ impl pb::lock_server::Lock for LockService {
                 })
                 .collect(),
             waiter_count,
+        }))
+    }
+
+    async fn list(
+        &self,
+        request: Request<pb::ListLocksRequest>,
+    ) -> Result<tonic::Response<pb::ListLocksResponse>, Status> {
+        let r = request.into_inner();
+        check_size(&r)?;
+        if r.limit < 0 {
+            return Err(Status::invalid_argument(
+                "baton: limit must not be negative",
+            ));
+        }
+        let limit = match r.limit {
+            0 => DEFAULT_LIST_LOCKS,
+            n => (n as usize).min(MAX_LIST_LOCKS),
+        };
+        let shared = self.engine.shared();
+        shared.read_barrier().await?;
+        let ((locks, more), total, revision) = shared.node.read(|sm| {
+            (
+                sm.lock_list(&r.after, &r.prefix, limit),
+                sm.lock_count(),
+                sm.revision().0,
+            )
+        });
+        let now = shared.node.time_ms();
+        let locks = locks
+            .into_iter()
+            .map(|l| {
+                // As in Inspect: while a lock-delay runs the head has not been granted the
+                // lock, so nobody holds it and the head counts as waiting.
+                let delaying = l.delayed_until_ms > now;
+                let holder = if delaying {
+                    None
+                } else {
+                    l.head.as_ref().map(|kv| self.entry(kv))
+                };
+                let waiter_count = if holder.is_some() {
+                    l.queue_len - 1
+                } else {
+                    l.queue_len
+                };
+                pb::LockSummary {
+                    name: l.name,
+                    holder,
+                    waiter_count: waiter_count as u64,
+                    lock_delay_ms: l.delay_ms as i64,
+                    delayed_until_ms: l.delayed_until_ms,
+                }
+            })
+            .collect();
+        Ok(tonic::Response::new(pb::ListLocksResponse {
+            header: Some(shared.header_at(revision, shared.term())),
+            locks,
+            more,
+            total: total as u64,
         }))
     }
 

@@ -13,6 +13,10 @@ pub const NO_LEADER: &str = "etcdserver: no leader";
 pub const LEADER_CHANGED: &str = "etcdserver: leader changed";
 /// etcd's message when a request did not finish in time.
 pub const TIMED_OUT: &str = "etcdserver: request timed out";
+/// etcd's message when a request's fate is unknown because the leader failed
+/// (`ErrTimeoutDueToLeaderFail`).
+pub const TIMED_OUT_LEADER_FAIL: &str =
+    "etcdserver: request timed out, possibly due to previous leader failure";
 /// etcd's message for an oversized request.
 pub const TOO_LARGE: &str = "etcdserver: request is too large";
 
@@ -110,6 +114,10 @@ pub fn propose_status(err: &ProposeError) -> Status {
         ProposeError::ShuttingDown => Status::unavailable("etcdserver: server stopped"),
         ProposeError::Storage(msg) => {
             Status::internal(format!("etcdserver: storage failure: {msg}"))
+        }
+        ProposeError::LeaderFailed(_) => Status::unavailable(TIMED_OUT_LEADER_FAIL),
+        ProposeError::MembershipChange(msg) => {
+            Status::failed_precondition(format!("baton: membership change refused: {msg}"))
         }
     }
 }

@@ -1,7 +1,9 @@
 //! `etcdserverpb.Lease`: grant, revoke, keep-alive, time-to-live, list.
 //!
 //! Keep-alives are answered from the leader's in-memory lease clock and never written to
-//! the log (etcd's choice: a replicated keep-alive would cost an fsync each).
+//! the log (etcd's choice: a replicated keep-alive would cost an fsync each). On a follower,
+//! keep-alives and TimeToLive go to the leader (`Node::renew_lease`,
+//! `Node::lease_time_to_live`).
 
 use std::pin::Pin;
 
@@ -104,7 +106,7 @@ impl pb::lease_server::Lease for LeaseService {
                 // The header is taken before the renewal so a keep-alive can never look
                 // newer than a revoke it raced with (etcd does the same).
                 let header = shared.header();
-                let reply = match shared.node.lease_keep_alive(LeaseId(req.id)) {
+                let reply = match shared.node.renew_lease(LeaseId(req.id)).await {
                     Ok(KeepAlive::Renewed { ttl_s }) => Ok(pb::LeaseKeepAliveResponse {
                         header: Some(header),
                         id: req.id,
@@ -139,6 +141,15 @@ impl pb::lease_server::Lease for LeaseService {
         let id = LeaseId(req.id);
         let (info, revision) = self.shared.node.read(|sm| (sm.lease(id), sm.revision()));
         let header = self.shared.header_at(revision.0, self.shared.term());
+        let remaining = match info {
+            None => None,
+            Some(_) => self
+                .shared
+                .node
+                .lease_time_to_live(id)
+                .await
+                .map_err(|e| propose_status(&e))?,
+        };
         let resp = match info {
             None => pb::LeaseTimeToLiveResponse {
                 header: Some(header),
@@ -150,7 +161,7 @@ impl pb::lease_server::Lease for LeaseService {
             Some(info) => pb::LeaseTimeToLiveResponse {
                 header: Some(header),
                 id: req.id,
-                ttl: self.shared.node.lease_remaining_s(id).unwrap_or(-1),
+                ttl: remaining.unwrap_or(-1),
                 granted_ttl: info.granted_ttl_s,
                 keys: if req.keys { info.keys } else { Vec::new() },
             },

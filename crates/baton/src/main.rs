@@ -1,5 +1,7 @@
-//! `baton`: the one binary. `baton serve` runs a member that speaks the etcd v3 API;
-//! `baton lock` and `baton elect` are the client side of Baton's locks and elections.
+//! `baton`: the one binary. `baton serve` runs a member that speaks the etcd v3 API; the
+//! other subcommands are its command-line client, all on `baton-client`: `baton kv`,
+//! `baton lease` and `baton status` for data and operators, `baton lock` and `baton elect`
+//! for Baton's locks and elections.
 
 mod cli;
 mod serve;
@@ -16,7 +18,7 @@ use clap::{Parser, Subcommand};
                   replicated with Raft, that etcd clients (etcdctl, client libraries) talk to \
                   unchanged. On top of it Baton offers locks with fencing tokens and leader \
                   elections.\n\nStart a single local member with `baton serve`, then try \
-                  `etcdctl --endpoints=127.0.0.1:2379 put greeting hello` or \
+                  `baton kv put greeting hello`, `baton status` or \
                   `baton lock nightly-report -- ./report.sh`."
 )]
 struct Cli {
@@ -29,6 +31,9 @@ enum Command {
     /// Run a Baton member (etcd-style flags).
     Serve(serve::ServeArgs),
     // No doc comments here: they would replace the subcommands' own (longer) help.
+    Kv(cli::kv::KvArgs),
+    Lease(cli::lease::LeaseArgs),
+    Status(cli::status::StatusArgs),
     Lock(cli::lock::LockArgs),
     Elect(cli::elect::ElectArgs),
 }
@@ -43,6 +48,9 @@ fn main() -> Result<()> {
         Command::Serve(args) => runtime.block_on(serve::serve(args)),
         // The client commands decide their own exit status (the command's, or one of the
         // documented codes), so they report errors themselves and exit here.
+        Command::Kv(args) => std::process::exit(runtime.block_on(cli::kv::run(args))),
+        Command::Lease(args) => std::process::exit(runtime.block_on(cli::lease::run(args))),
+        Command::Status(args) => std::process::exit(runtime.block_on(cli::status::run(args))),
         Command::Lock(args) => {
             let code = runtime.block_on(cli::lock::run(args));
             std::process::exit(code)

@@ -24,12 +24,29 @@ pub struct ServeArgs {
     /// Comma-separated URLs for HTTP /metrics, /health and /version.
     #[arg(long, default_value = "http://127.0.0.1:2381")]
     listen_metrics_urls: String,
-    /// Comma-separated URLs for peer traffic (recorded in the member list; single member now).
+    /// Comma-separated URLs to serve the peer service (Raft, forwarding) on. Bound only in a
+    /// cluster (`--initial-cluster`); a lone member just records them in the member list.
     #[arg(long, default_value = "http://127.0.0.1:2380")]
     listen_peer_urls: String,
-    /// Comma-separated peer URLs to advertise (default: the listen peer URLs).
+    /// Comma-separated peer URLs to advertise (default: the listen peer URLs). In a cluster
+    /// they must be this member's URLs in `--initial-cluster`.
     #[arg(long)]
     initial_advertise_peer_urls: Option<String>,
+    /// The cluster's members at creation, `name1=http://host:port,name2=...` (etcd's
+    /// syntax). Member and cluster ids are derived from it (with the token), so every member
+    /// must get the same list. Without it the member is a cluster of its own.
+    #[arg(long)]
+    initial_cluster: Option<String>,
+    /// `new`: create the cluster (a member with an empty data directory joins the creation;
+    /// the one with the smallest id initializes it). `existing`: the cluster exists; the
+    /// member must have its data directory (adding members is not supported yet). A member
+    /// with data ignores this, as etcd does.
+    #[arg(long, value_enum, default_value_t = ClusterState::New)]
+    initial_cluster_state: ClusterState,
+    /// Distinguishes clusters created from the same member list: part of every id, and peers
+    /// refuse messages from another cluster.
+    #[arg(long, default_value = "baton-cluster")]
+    initial_cluster_token: String,
     /// Raft heartbeat interval in milliseconds.
     #[arg(long, default_value_t = 100)]
     heartbeat_interval: u64,
@@ -46,6 +63,13 @@ pub struct ServeArgs {
     /// Log filter (tracing's env-filter syntax), e.g. `info` or `baton_raft=debug`.
     #[arg(long, default_value = "info,openraft=warn")]
     log_level: String,
+}
+
+/// `--initial-cluster-state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ClusterState {
+    New,
+    Existing,
 }
 
 fn split_urls(list: &str) -> Vec<String> {
@@ -96,6 +120,21 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
             .as_deref()
             .unwrap_or(&args.listen_peer_urls),
     );
+    let cluster = match &args.initial_cluster {
+        None => None,
+        Some(spec) => Some(baton_raft::ClusterConfig {
+            initial_members: baton_raft::parse_initial_cluster(spec)?,
+            state: match args.initial_cluster_state {
+                ClusterState::New => baton_raft::InitialClusterState::New,
+                ClusterState::Existing => baton_raft::InitialClusterState::Existing,
+            },
+            token: args.initial_cluster_token.clone(),
+            listen_peer_addrs: split_urls(&args.listen_peer_urls)
+                .iter()
+                .map(|u| url_to_addr(u))
+                .collect::<Result<Vec<_>>>()?,
+        }),
+    };
     let advertise_client = args
         .advertise_client_urls
         .as_deref()
@@ -131,6 +170,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
     node_config.heartbeat_interval = Duration::from_millis(args.heartbeat_interval);
     node_config.election_timeout = election_timeout;
     node_config.snapshot_every_entries = args.snapshot_count;
+    node_config.cluster = cluster;
 
     let node = baton_raft::Node::start(node_config)
         .await

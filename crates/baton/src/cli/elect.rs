@@ -1,19 +1,20 @@
-//! `baton elect NAME PROPOSAL` and `baton elect --listen NAME`.
+//! `baton elect NAME PROPOSAL` and `baton elect --listen NAME`, on `baton-client`'s
+//! [`Election`] with a `Session` (so leadership is lost exactly when the client says a lock
+//! would be: lease expired or revoked, the local expiry estimate passed, or the leader key
+//! deleted).
 //!
 //! Campaigning uses etcd's `v3election` service, so candidates started with `etcdctl elect`
 //! and with `baton elect` take part in the same election (same key layout:
 //! `NAME/<lease id in hex>`, oldest key leads).
 
-use anyhow::{bail, Result};
-use baton_proto::v3electionpb::{
-    election_client::ElectionClient, CampaignRequest, LeaderKey, LeaderRequest, ResignRequest,
-};
+use anyhow::{anyhow, Result};
+use baton_client::{Client, ClientConfig, Election, Error};
 use clap::Args;
-use tonic::transport::Channel;
+use futures::StreamExt;
 
-use super::connect::connect;
-use super::session::Session;
-use super::{describe_status, EndpointArgs, Signals, EXIT_ERROR, EXIT_LOST};
+use super::client::describe;
+use super::session::{close, describe_loss};
+use super::{EndpointArgs, Signals, EXIT_ERROR, EXIT_LOST};
 
 #[derive(Args, Debug)]
 #[command(
@@ -57,106 +58,91 @@ pub async fn run(args: ElectArgs) -> i32 {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("baton elect: {e:#}");
+            eprintln!("{WHO}: {e:#}");
             EXIT_ERROR
         }
     }
 }
 
+const WHO: &str = "baton elect";
+
 async fn campaign(args: &ElectArgs, proposal: String) -> Result<i32> {
     let mut signals = Signals::install()?;
-    let (channel, _) = connect(&args.endpoints.endpoints).await?;
-    let mut session = Session::grant(channel.clone(), args.ttl).await?;
-    let mut election = ElectionClient::new(channel.clone());
+    let (client, session) = super::session::start(&args.endpoints, args.ttl).await?;
     let name = &args.name;
-    let request = CampaignRequest {
-        name: name.clone().into_bytes(),
-        lease: session.lease_id,
-        value: proposal.clone().into_bytes(),
-    };
+    let election = Election::new(&client, name.clone());
+    // Dropping the campaign (Ctrl-C) withdraws it on the server; closing the session
+    // (revoking the lease) deletes our key in any case.
     let won = tokio::select! {
-        r = election.campaign(request) => r,
-        reason = session.lost() => {
-            eprintln!("baton elect: lost the lease while campaigning in '{name}': {reason}");
-            let _ = session.revoke().await;
-            return Ok(EXIT_ERROR);
-        }
+        r = election.campaign(&session, proposal.clone()) => r,
         _ = signals.recv() => {
-            // Revoking the lease withdraws the candidacy (deletes our key).
-            let _ = session.revoke().await;
+            close(&session, WHO, false).await;
             return Ok(0);
         }
     };
-    let leader = match won {
-        Ok(r) => match r.into_inner().leader {
-            Some(l) => l,
-            None => {
-                let _ = session.revoke().await;
-                bail!("campaign in '{name}': the server answered without a leader key");
-            }
-        },
-        Err(s) => {
-            let _ = session.revoke().await;
-            bail!(describe_status(&format!("campaigning in '{name}'"), &s));
+    let leadership = match won {
+        Ok(l) => l,
+        Err(Error::SessionLost(reason)) => {
+            eprintln!(
+                "{WHO}: lost the lease while campaigning in '{name}': {}",
+                describe_loss(reason, &session)
+            );
+            close(&session, WHO, false).await;
+            return Ok(EXIT_ERROR);
+        }
+        Err(e) => {
+            close(&session, WHO, false).await;
+            return Err(describe(e).context(format!("campaigning in '{name}'")));
         }
     };
-    println!("{}", String::from_utf8_lossy(&leader.key));
+    println!("{}", String::from_utf8_lossy(leadership.key()));
     println!("{proposal}");
-    eprintln!("baton elect: leader of '{name}'; Ctrl-C resigns");
+    eprintln!("{WHO}: leader of '{name}'; Ctrl-C resigns");
 
-    let key_gone = super::watch::key_deleted(channel, leader.key.clone(), leader.rev);
     let lost = tokio::select! {
         _ = signals.recv() => None,
-        reason = session.lost() => Some(reason),
-        reason = key_gone => Some(reason),
+        reason = leadership.lost() => Some(reason),
     };
     if let Some(reason) = lost {
-        eprintln!("baton elect: LOST leadership of '{name}': {reason}");
-        let _ = session.revoke().await;
+        eprintln!(
+            "{WHO}: LOST leadership of '{name}': {}",
+            describe_loss(reason, &session)
+        );
+        drop(leadership);
+        close(&session, WHO, false).await;
         return Ok(EXIT_LOST);
     }
-    resign(&mut election, leader).await;
-    if let Err(e) = session.revoke().await {
-        eprintln!("baton elect: warning: {e:#}");
+    // Resigning lets the next candidate in now rather than when our lease runs out.
+    if let Err(e) = leadership.resign().await {
+        eprintln!("{WHO}: warning: resigning: {:#}", describe(e));
     }
+    close(&session, WHO, true).await;
     Ok(0)
-}
-
-/// Resigns so the next candidate is elected now rather than when our lease runs out.
-async fn resign(election: &mut ElectionClient<Channel>, leader: LeaderKey) {
-    let call = election.resign(ResignRequest {
-        leader: Some(leader),
-    });
-    match tokio::time::timeout(std::time::Duration::from_secs(3), call).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(s)) => eprintln!("baton elect: warning: {}", describe_status("resigning", &s)),
-        Err(_) => eprintln!("baton elect: warning: resigning: no answer within 3 s"),
-    }
 }
 
 async fn listen(args: &ElectArgs) -> Result<i32> {
     let mut signals = Signals::install()?;
-    let (channel, _) = connect(&args.endpoints.endpoints).await?;
-    let mut election = ElectionClient::new(channel);
-    let observe = election.observe(LeaderRequest {
-        name: args.name.clone().into_bytes(),
-    });
-    let mut stream = tokio::select! {
-        r = observe => match r {
-            Ok(r) => r.into_inner(),
-            Err(s) => bail!(describe_status(&format!("observing '{}'", args.name), &s)),
-        },
-        _ = signals.recv() => return Ok(0),
-    };
+    let endpoints: Vec<String> = args
+        .endpoints
+        .endpoints
+        .iter()
+        .map(|e| e.trim().to_string())
+        .filter(|e| !e.is_empty())
+        .collect();
+    let client = Client::connect(ClientConfig::new(endpoints))
+        .await
+        .map_err(describe)?;
+    // The stream survives reconnects (it observes again and skips what it reported).
+    let mut leaders = Election::new(&client, args.name.clone()).observe();
     let mut last: Option<(Vec<u8>, Vec<u8>)> = None;
     loop {
-        let msg = tokio::select! {
-            m = stream.message() => m,
+        let next = tokio::select! {
+            n = leaders.next() => n,
             _ = signals.recv() => return Ok(0),
         };
-        match msg {
-            Ok(Some(resp)) => {
-                let Some(kv) = resp.kv else { continue };
+        match next {
+            Some(Ok(kv)) => {
+                // A new leader, or a new proclamation; the same pair twice is not news.
                 let current = (kv.key, kv.value);
                 if last.as_ref() != Some(&current) {
                     println!("{}", String::from_utf8_lossy(&current.0));
@@ -164,8 +150,8 @@ async fn listen(args: &ElectArgs) -> Result<i32> {
                     last = Some(current);
                 }
             }
-            Ok(None) => bail!("observing '{}': the server ended the stream", args.name),
-            Err(s) => bail!(describe_status(&format!("observing '{}'", args.name), &s)),
+            Some(Err(e)) => return Err(describe(e).context(format!("observing '{}'", args.name))),
+            None => return Err(anyhow!("observing '{}': the stream ended", args.name)),
         }
     }
 }

@@ -1,27 +1,25 @@
 //! `baton lock NAME [-- CMD ARGS...]`: hold a lock while a command runs.
 //!
-//! Lifecycle: grant a lease and keep it alive → `baton.v1.Lock/Acquire` (FIFO, the server
-//! wakes exactly the next waiter) → run CMD with the key and fencing token in its
-//! environment → on CMD's exit `Release(key, token)` and revoke the lease. If the lock is
-//! lost while CMD runs (lease expired or revoked, key deleted by an operator) CMD is
-//! stopped: SIGTERM to its process group, SIGKILL after `--kill-after`.
+//! Lifecycle, on `baton-client`: a `Session` (a lease kept alive, with the client's
+//! pessimistic expiry estimate) → [`Mutex::acquire_with`] (on Baton `baton.v1.Lock/Acquire`,
+//! FIFO, the server wakes exactly the next waiter; on etcd etcd's client-side recipe) → run
+//! CMD with the key and fencing token in its environment → on CMD's exit
+//! [`Guard::release`] (checks the token) and close the session (revoking the lease). If the
+//! lock is lost while CMD runs ([`Guard::lost`]: lease expired or revoked, the local
+//! estimate passed, the key deleted by an operator) CMD is stopped: SIGTERM to its process
+//! group, SIGKILL after `--kill-after`.
 
 use std::time::Duration;
 
 use anyhow::Result;
-use baton_proto::baton::v1::{
-    lock_client::LockClient, AcquireRequest, AcquireResponse, InspectRequest, ReleaseRequest,
-};
+use baton_client::{Client, Error, Guard, LockOptions, Mutex};
 use clap::Args;
-use tonic::transport::Channel;
 
 use super::child::{exit_code, Child};
-use super::connect::connect;
-use super::session::Session;
-use super::{
-    describe_status, parse_duration, EndpointArgs, Signals, EXIT_ERROR, EXIT_LOST,
-    EXIT_NOT_ACQUIRED,
-};
+use super::client::describe;
+use super::output::hex;
+use super::session::{close, describe_loss};
+use super::{parse_duration, EndpointArgs, Signals, EXIT_ERROR, EXIT_LOST, EXIT_NOT_ACQUIRED};
 
 #[derive(Args, Debug)]
 #[command(
@@ -87,86 +85,90 @@ pub async fn run(args: LockArgs) -> i32 {
     }
 }
 
+const WHO: &str = "baton lock";
+
 async fn run_inner(args: LockArgs) -> Result<i32> {
     let mut signals = Signals::install()?;
-    let (channel, _endpoint) = connect(&args.endpoints.endpoints).await?;
-    let mut session = Session::grant(channel.clone(), args.ttl).await?;
+    let (client, session) = super::session::start(&args.endpoints, args.ttl).await?;
     let name = args.name.clone();
 
-    let mut locks = LockClient::new(channel.clone());
-    let request = AcquireRequest {
-        name: name.clone().into_bytes(),
-        lease: session.lease_id,
-        timeout_ms: args.timeout.map_or(0, |d| d.as_millis().max(1) as i64),
-        try_only: args.try_only,
-        lock_delay_ms: args.lock_delay.map_or(0, |d| d.as_millis() as i64),
-    };
-    // Cancelling the Acquire (Ctrl-C, lost lease) deletes our waiter key on the server; the
-    // lease revoke below deletes it too, so the queue moves on either way.
+    let mut options = LockOptions::new();
+    if let Some(t) = args.timeout {
+        options = options.with_timeout(t);
+    }
+    if args.try_only {
+        options = options.try_only();
+    }
+    if let Some(d) = args.lock_delay {
+        options = options.with_lock_delay(d);
+    }
+    // Dropping the acquisition (Ctrl-C) cancels it, which on Baton deletes our waiter key
+    // on the server; closing the session (revoking the lease) deletes it too, so the queue
+    // moves on either way.
+    let mutex = Mutex::new(&session);
     let acquired = tokio::select! {
-        r = locks.acquire(request) => r,
-        reason = session.lost() => {
-            eprintln!("baton lock: lost the lease while waiting for '{name}': {reason}");
-            let _ = session.revoke().await;
-            return Ok(EXIT_ERROR);
-        }
+        r = mutex.acquire_with(name.clone(), options) => r,
         sig = signals.recv() => {
-            eprintln!("baton lock: interrupted while waiting for '{name}'; giving up");
-            let _ = session.revoke().await;
+            eprintln!("{WHO}: interrupted while waiting for '{name}'; giving up");
+            close(&session, WHO, false).await;
             return Ok(128 + sig);
         }
     };
-    let held = match acquired {
-        Ok(r) => r.into_inner(),
-        Err(status) => {
-            let code = not_acquired_code(&args, &status);
-            let mut msg = if code == EXIT_NOT_ACQUIRED {
-                format!("'{name}' was not obtained: {}", status.message())
-            } else {
-                describe_status(&format!("acquiring '{name}'"), &status)
-            };
-            if code == EXIT_NOT_ACQUIRED && !args.try_only {
-                // The timeout message cannot name the holder; ask who it is.
-                if let Some(holder) = describe_holder(&mut locks, &name).await {
-                    msg.push_str(&format!(" ({holder})"));
+    let guard = match acquired {
+        Ok(g) => g,
+        Err(e) => {
+            let code = not_acquired_code(&e);
+            let msg = match e {
+                Error::SessionLost(reason) => format!(
+                    "lost the lease while waiting for '{name}': {}",
+                    describe_loss(reason, &session)
+                ),
+                e if code == EXIT_NOT_ACQUIRED => {
+                    let mut msg = format!("'{name}' was not obtained: {e}");
+                    if matches!(e, Error::Timeout(_)) {
+                        // "Not within 30 s" cannot name the holder; ask who it is.
+                        if let Some(holder) = describe_holder(&client, &name).await {
+                            msg.push_str(&format!(" ({holder})"));
+                        }
+                    }
+                    msg
                 }
-            }
-            eprintln!("baton lock: {msg}");
-            let _ = session.revoke().await;
+                e => format!("acquiring '{name}': {:#}", describe(e)),
+            };
+            eprintln!("{WHO}: {msg}");
+            close(&session, WHO, false).await;
             return Ok(code);
         }
     };
-    let key = String::from_utf8_lossy(&held.key).into_owned();
-
-    // A lock ends either with its lease or with its key; watch both.
-    let key_gone = super::watch::key_deleted(channel.clone(), held.key.clone(), held.fencing_token);
-    tokio::pin!(key_gone);
+    let key = String::from_utf8_lossy(guard.key()).into_owned();
+    let token = guard.fencing_token();
+    // A lock ends either with its session or with its key; `lost` watches both.
+    let lost = guard.lost();
+    tokio::pin!(lost);
 
     if args.command.is_empty() {
         println!("BATON_LOCK_KEY={key}");
-        println!("BATON_FENCING_TOKEN={}", held.fencing_token);
+        println!("BATON_FENCING_TOKEN={token}");
         eprintln!(
-            "baton lock: holding '{name}' (fencing token {}, lease TTL {} s); Ctrl-C releases it",
-            held.fencing_token,
-            session.ttl.as_secs()
+            "{WHO}: holding '{name}' (fencing token {token}, lease TTL {} s); Ctrl-C releases it",
+            session.ttl().as_secs()
         );
         let lost = tokio::select! {
             _ = signals.recv() => None,
-            reason = session.lost() => Some(reason),
-            reason = &mut key_gone => Some(reason),
+            reason = &mut lost => Some(reason),
         };
         if let Some(reason) = lost {
             eprintln!(
-                "baton lock: LOST the lock '{name}' (token {}): {reason}",
-                held.fencing_token
+                "{WHO}: LOST the lock '{name}' (token {token}): {}",
+                describe_loss(reason, &session)
             );
-            let _ = session.revoke().await;
+            close(&session, WHO, false).await;
             return Ok(EXIT_LOST);
         }
-        let released = release(&mut locks, &held).await;
-        session.revoke().await.unwrap_or_else(warn);
+        let released = release(guard).await;
+        close(&session, WHO, true).await;
         if let Released::NotHolder(why) = released {
-            eprintln!("baton lock: LOST the lock '{name}' before releasing it: {why}");
+            eprintln!("{WHO}: LOST the lock '{name}' before releasing it: {why}");
             return Ok(EXIT_LOST);
         }
         return Ok(0);
@@ -175,15 +177,15 @@ async fn run_inner(args: LockArgs) -> Result<i32> {
     let env = [
         ("BATON_LOCK_NAME", name.clone()),
         ("BATON_LOCK_KEY", key.clone()),
-        ("BATON_FENCING_TOKEN", held.fencing_token.to_string()),
-        ("BATON_LEASE_ID", format!("{:x}", held.lease)),
+        ("BATON_FENCING_TOKEN", token.to_string()),
+        ("BATON_LEASE_ID", hex(session.lease())),
         ("BATON_ENDPOINTS", args.endpoints.endpoints.join(",")),
     ];
     let mut child = match Child::spawn(&args.command, &env) {
         Ok(c) => c,
         Err(e) => {
-            release(&mut locks, &held).await;
-            let _ = session.revoke().await;
+            release(guard).await;
+            close(&session, WHO, false).await;
             return Err(e);
         }
     };
@@ -194,8 +196,7 @@ async fn run_inner(args: LockArgs) -> Result<i32> {
     }
     let event = tokio::select! {
         st = child.wait() => Event::Exited(st),
-        reason = session.lost() => Event::Lost(reason),
-        reason = &mut key_gone => Event::Lost(reason),
+        reason = &mut lost => Event::Lost(describe_loss(reason, &session)),
         sig = signals.recv() => Event::Signal(sig),
     };
     match event {
@@ -203,12 +204,12 @@ async fn run_inner(args: LockArgs) -> Result<i32> {
             // The command may have finished after the lock was lost without this process
             // noticing (it was paused, say): the release tells. A lost lock is never reported
             // as success.
-            let released = release(&mut locks, &held).await;
-            session.revoke().await.unwrap_or_else(warn);
+            let released = release(guard).await;
+            close(&session, WHO, true).await;
             if let Released::NotHolder(why) = released {
                 eprintln!(
-                    "baton lock: LOST the lock '{name}' (token {}) before the command ended                      with status {}: {why}; exiting with {EXIT_LOST}",
-                    held.fencing_token,
+                    "{WHO}: LOST the lock '{name}' (token {token}) before the command ended \
+                     with status {}: {why}; exiting with {EXIT_LOST}",
                     exit_code(status)
                 );
                 return Ok(EXIT_LOST);
@@ -217,24 +218,23 @@ async fn run_inner(args: LockArgs) -> Result<i32> {
         }
         Event::Lost(reason) => {
             eprintln!(
-                "baton lock: LOST the lock '{name}' (token {}): {reason}\nbaton lock: stopping \
+                "{WHO}: LOST the lock '{name}' (token {token}): {reason}\n{WHO}: stopping \
                  the command (SIGTERM, SIGKILL after {:.1} s)",
-                held.fencing_token,
                 args.kill_after.as_secs_f64()
             );
             let status = child.stop(args.kill_after).await;
             eprintln!(
-                "baton lock: the command ended with status {}; exiting with {EXIT_LOST} (lock \
-                 lost)",
+                "{WHO}: the command ended with status {}; exiting with {EXIT_LOST} (lock lost)",
                 exit_code(status)
             );
             // The lease may still be alive if we only lost contact; give it up.
-            let _ = session.revoke().await;
+            drop(guard);
+            close(&session, WHO, false).await;
             Ok(EXIT_LOST)
         }
         Event::Signal(sig) => {
             eprintln!(
-                "baton lock: got {}; stopping the command and releasing '{name}'",
+                "{WHO}: got {}; stopping the command and releasing '{name}'",
                 if sig == libc::SIGINT {
                     "SIGINT"
                 } else {
@@ -242,47 +242,36 @@ async fn run_inner(args: LockArgs) -> Result<i32> {
                 }
             );
             child.stop(args.kill_after).await;
-            release(&mut locks, &held).await;
-            session.revoke().await.unwrap_or_else(warn);
+            release(guard).await;
+            close(&session, WHO, true).await;
             Ok(128 + sig)
         }
     }
 }
 
-/// Which exit status a failed Acquire maps to: "not obtained" (73) for a refused try-lock
-/// (held, or in lock-delay) or an expired --timeout, a plain error otherwise (including a
-/// lease that died while waiting).
-fn not_acquired_code(args: &LockArgs, status: &tonic::Status) -> i32 {
-    use tonic::Code;
-    match status.code() {
-        Code::FailedPrecondition
-            if args.try_only
-                && (status.message().contains("is held by")
-                    || status.message().contains("lock-delay")) =>
-        {
-            EXIT_NOT_ACQUIRED
-        }
-        Code::DeadlineExceeded if args.timeout.is_some() => EXIT_NOT_ACQUIRED,
+/// Which exit status a failed acquisition maps to: "not obtained" (73) for a refused
+/// try-lock (held, or in lock-delay) or an expired --timeout, a plain error otherwise
+/// (including a lease that died while waiting).
+fn not_acquired_code(e: &Error) -> i32 {
+    match e {
+        Error::WouldBlock { .. } | Error::LockDelayed | Error::Timeout(_) => EXIT_NOT_ACQUIRED,
         _ => EXIT_ERROR,
     }
 }
 
-/// "held by KEY (token N)" for the error message of a lock that was not obtained.
-async fn describe_holder(locks: &mut LockClient<Channel>, name: &str) -> Option<String> {
-    let call = locks.inspect(InspectRequest {
-        name: name.as_bytes().to_vec(),
-    });
-    let resp = tokio::time::timeout(Duration::from_secs(2), call)
+/// "holder KEY, token N, K waiting" for the error message of a lock that was not obtained
+/// (Baton only; `None` if the server cannot say).
+async fn describe_holder(client: &Client, name: &str) -> Option<String> {
+    let resp = tokio::time::timeout(Duration::from_secs(2), client.inspect_lock(name))
         .await
         .ok()?
-        .ok()?
-        .into_inner();
+        .ok()?;
     let holder = resp.holder?;
     Some(format!(
         "holder {}, token {}, {} waiting",
         String::from_utf8_lossy(&holder.key),
         holder.create_revision,
-        resp.waiters.len()
+        resp.waiter_count
     ))
 }
 
@@ -293,32 +282,23 @@ enum Released {
     /// The server says we no longer held it: it was lost at some point before the release
     /// (for example while this process was paused), whatever the command believed.
     NotHolder(String),
-    /// No answer; revoking the lease right after deletes the key anyway.
+    /// No answer; closing the session right after deletes the key anyway.
     Unknown,
 }
 
 /// Releases the lock with its token (a clean release: no lock-delay for the next holder).
-async fn release(locks: &mut LockClient<Channel>, held: &AcquireResponse) -> Released {
-    let call = locks.release(ReleaseRequest {
-        key: held.key.clone(),
-        fencing_token: held.fencing_token,
-    });
-    match tokio::time::timeout(Duration::from_secs(3), call).await {
-        Ok(Ok(_)) => Released::Cleanly,
-        Ok(Err(s)) if s.code() == tonic::Code::FailedPrecondition => {
-            Released::NotHolder(describe_status("releasing the lock", &s))
+async fn release(guard: Guard) -> Released {
+    match guard.release().await {
+        Ok(()) => Released::Cleanly,
+        Err(Error::NotHolder) => Released::NotHolder(
+            "releasing the lock: the key no longer holds it with this token".to_string(),
+        ),
+        Err(Error::SessionLost(reason)) => {
+            Released::NotHolder(format!("releasing the lock: {reason}"))
         }
-        Ok(Err(s)) => {
-            warn(anyhow::anyhow!(describe_status("releasing the lock", &s)));
-            Released::Unknown
-        }
-        Err(_) => {
-            warn(anyhow::anyhow!("releasing the lock: no answer within 3 s"));
+        Err(e) => {
+            eprintln!("{WHO}: warning: releasing the lock: {:#}", describe(e));
             Released::Unknown
         }
     }
-}
-
-fn warn(e: anyhow::Error) {
-    eprintln!("baton lock: warning: {e:#}");
 }

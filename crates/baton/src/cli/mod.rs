@@ -1,17 +1,26 @@
-//! The client side of the `baton` binary: `baton lock` and `baton elect`.
+//! The client side of the `baton` binary.
 //!
-//! Both follow the same shape: connect to the first reachable endpoint, grant a lease and
-//! keep it alive ([`session`]), do the coordination RPC, and then watch for the one thing
-//! that makes holding a lock dangerous: losing it without noticing. Everything the user needs
-//! to act on goes to stderr prefixed with `baton lock:` / `baton elect:`; stdout carries only
-//! machine-readable results so scripts can capture it.
+//! - `baton kv`, `baton lease`, `baton status` ([`kv`], [`txn`], [`lease`], [`status`]):
+//!   thin commands over `baton-client`, sharing the global flags and the error line of
+//!   [`client`] and the three output formats of [`output`] (aligned tables for people,
+//!   tab-separated lines for shell scripts, JSON for programs).
+//! - `baton lock` and `baton elect` ([`lock`], [`elect`]): a `baton-client` session
+//!   ([`session`]) and its `Mutex` or `Election`, so the lease-loss logic is the client's,
+//!   shared with every Rust program using it; the CLI adds running the command in its own
+//!   process group ([`child`]) and stopping it when the lock is lost. Everything the user
+//!   needs to act on goes to stderr prefixed with `baton lock:` / `baton elect:`; stdout
+//!   carries only machine-readable results so scripts can capture it.
 
 pub mod child;
-pub mod connect;
+pub mod client;
 pub mod elect;
+pub mod kv;
+pub mod lease;
 pub mod lock;
+pub mod output;
 pub mod session;
-pub mod watch;
+pub mod status;
+pub mod txn;
 
 use std::time::Duration;
 
@@ -64,22 +73,6 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         return Err(format!("'{text}': a duration cannot be negative"));
     }
     Ok(Duration::from_secs_f64(value * scale))
-}
-
-/// The gRPC status as a sentence a user can act on.
-///
-/// `UNIMPLEMENTED` deserves its own words: it means the endpoint is a plain etcd (or an older
-/// Baton) that does not offer the service, not that something is broken.
-pub fn describe_status(what: &str, status: &tonic::Status) -> String {
-    match status.code() {
-        tonic::Code::Unimplemented => format!(
-            "{what}: the server does not offer this service (is it etcd or an older Baton? \
-             etcd users can use `etcdctl lock`/`etcdctl elect`)"
-        ),
-        tonic::Code::Unavailable => format!("{what}: server unavailable: {}", status.message()),
-        tonic::Code::DeadlineExceeded => format!("{what}: timed out: {}", status.message()),
-        code => format!("{what}: {} ({code:?})", status.message()),
-    }
 }
 
 /// Resolves on SIGINT or SIGTERM and says which (for the conventional 128+N exit status).

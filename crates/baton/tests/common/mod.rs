@@ -124,6 +124,93 @@ impl Drop for Baton {
     }
 }
 
+/// A free loopback port below Linux's ephemeral range (32768+). Members that are killed and
+/// restarted on their ports need this: while a member is down its peers keep reconnecting to
+/// its port, and a port inside the ephemeral range can meanwhile be taken as the source port
+/// of some outgoing connection (even a TCP self-connect to that very port), so the restarted
+/// member could not bind it.
+pub fn free_port_below_ephemeral() -> u16 {
+    use rand::Rng;
+    let mut rng = rand::thread_rng();
+    loop {
+        let port = rng.gen_range(20_000..32_000);
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// Members of one multi-member cluster on loopback, each a `baton serve` process with its own
+/// data directory (`dir/<name>`) and log (`dir/<name>.log`).
+pub struct Cluster {
+    pub members: Vec<Baton>,
+    pub names: Vec<String>,
+}
+
+impl Cluster {
+    /// Starts `n` members named `m1..mN` as a new cluster (every member gets the same
+    /// `--initial-cluster` and a token unique to this cluster), with `extra_args` for each.
+    /// Returns once every member listens on its client port (not once a leader is elected).
+    pub fn start(dir: &Path, n: usize, extra_args: &[&str]) -> Cluster {
+        let names: Vec<String> = (1..=n).map(|i| format!("m{i}")).collect();
+        let peer_ports: Vec<u16> = (0..n).map(|_| free_port_below_ephemeral()).collect();
+        let initial = names
+            .iter()
+            .zip(&peer_ports)
+            .map(|(name, port)| format!("{name}=http://127.0.0.1:{port}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let token = format!("test-{:016x}", rand::random::<u64>());
+        let mut members: Vec<Baton> = names
+            .iter()
+            .zip(&peer_ports)
+            .map(|(name, port)| {
+                let mut args: Vec<String> = vec![
+                    "--name".into(),
+                    name.clone(),
+                    "--initial-cluster".into(),
+                    initial.clone(),
+                    "--initial-cluster-token".into(),
+                    token.clone(),
+                ];
+                args.extend(extra_args.iter().map(|a| a.to_string()));
+                Baton {
+                    child: None,
+                    data_dir: dir.join(name),
+                    client_port: free_port_below_ephemeral(),
+                    metrics_port: free_port_below_ephemeral(),
+                    peer_port: *port,
+                    extra_args: args,
+                }
+            })
+            .collect();
+        // Start all before waiting for any: a member serves its client port without a leader,
+        // but starting them together is what a real deployment does.
+        for m in &mut members {
+            m.spawn();
+        }
+        Cluster { members, names }
+    }
+
+    /// Every member's client endpoint (`127.0.0.1:port`), comma-separated, for etcdctl.
+    pub fn endpoints(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| m.endpoint())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Every member's log, for failure messages.
+    pub fn logs(&self) -> String {
+        self.members
+            .iter()
+            .zip(&self.names)
+            .map(|(m, n)| format!("===== {n} =====\n{}", m.log()))
+            .collect()
+    }
+}
+
 /// A running etcd 3.4 (Debian's `etcd-server`) for side-by-side comparisons.
 pub struct Etcd {
     pub child: Child,
@@ -521,4 +608,63 @@ impl Rpc {
             .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
             .collect()
     }
+}
+
+/// Runs `baton ARGS` (a client command) against `endpoint` (given as `BATON_ENDPOINTS`, so
+/// it works for every command shape), with `stdin` piped in if given.
+pub fn baton(endpoint: &str, args: &[&str], stdin: Option<&[u8]>) -> Out {
+    use std::io::Write;
+    let mut child = baton_cmd()
+        .env("BATON_ENDPOINTS", endpoint)
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn baton");
+    if let Some(input) = stdin {
+        child.stdin.take().unwrap().write_all(input).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// [`baton`] that must succeed; returns its stdout.
+pub fn baton_ok(endpoint: &str, args: &[&str]) -> String {
+    let out = baton(endpoint, args, None);
+    assert_eq!(out.code, 0, "baton {args:?} failed: {out:?}");
+    out.stdout
+}
+
+/// [`baton`] with `--output json` that must succeed; returns its (one) JSON document.
+pub fn baton_json(endpoint: &str, args: &[&str]) -> serde_json::Value {
+    let mut all = args.to_vec();
+    all.extend(["--output", "json"]);
+    let stdout = baton_ok(endpoint, &all);
+    assert_eq!(stdout.lines().count(), 1, "one JSON line: {stdout:?}");
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout:?}"))
+}
+
+/// The cells of the table row of `table` whose first cell is `first` (columns are
+/// separated by two or more spaces).
+pub fn table_row(table: &str, first: &str) -> Vec<String> {
+    table
+        .lines()
+        .map(|l| {
+            l.split("  ")
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .find(|cells| cells.first().map(String::as_str) == Some(first))
+        .unwrap_or_else(|| panic!("no row starting with {first:?} in:\n{table}"))
 }

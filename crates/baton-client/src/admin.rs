@@ -1,0 +1,153 @@
+//! What operators and tools ask about the cluster rather than the data: the answering
+//! member's status, the member list, and the locks the server's registry holds.
+
+use baton_proto::baton::v1 as bpb;
+use baton_proto::baton::v1::lock_client::LockClient;
+use baton_proto::etcdserverpb as pb;
+use baton_proto::etcdserverpb::cluster_client::ClusterClient;
+use baton_proto::etcdserverpb::maintenance_client::MaintenanceClient;
+
+use crate::client::{request, Client, Deadline, Retry};
+use crate::error::{Error, Result};
+
+pub use bpb::{InspectResponse, ListLocksResponse, LockEntry, LockSummary};
+pub use pb::{Member, MemberListResponse, StatusResponse};
+
+/// Options of [`Client::list_locks`]: which names, from where, how many.
+#[derive(Debug, Clone, Default)]
+pub struct ListLocksOptions {
+    req: bpb::ListLocksRequest,
+}
+
+impl ListLocksOptions {
+    /// Every lock, from the first name, at most the server's default page (1000).
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Only names starting with `prefix`.
+    pub fn with_prefix(mut self, prefix: impl Into<Vec<u8>>) -> Self {
+        self.req.prefix = prefix.into();
+        self
+    }
+    /// Only names after `name` (pass the last name of the previous page to page on).
+    pub fn after(mut self, name: impl Into<Vec<u8>>) -> Self {
+        self.req.after = name.into();
+        self
+    }
+    /// At most `n` locks (the server caps a page at 10000).
+    pub fn with_limit(mut self, n: usize) -> Self {
+        self.req.limit = n.min(i64::MAX as usize) as i64;
+        self
+    }
+}
+
+impl Client {
+    /// One lock in detail (Baton's `baton.v1.Lock/Inspect`): the holder (key, fencing
+    /// token, lease and its remaining TTL), the first 1000 waiters in queue order and their
+    /// total, the lock-delay state and the recent force-releases. Baton only
+    /// ([`Error::Unsupported`] on etcd).
+    ///
+    /// ```
+    /// # baton_client::testing::doctest(|endpoint| async move {
+    /// use baton_client::{Client, ClientConfig, Mutex, Session, SessionOptions};
+    ///
+    /// let client = Client::connect(ClientConfig::new([endpoint])).await?;
+    /// let session = Session::new(&client, SessionOptions::new()).await?;
+    /// let guard = Mutex::new(&session).acquire("deploy").await?;
+    /// let lock = client.inspect_lock("deploy").await?;
+    /// assert_eq!(lock.holder.unwrap().key, guard.key());
+    /// assert_eq!(lock.waiter_count, 0);
+    /// # Ok(()) });
+    /// ```
+    pub async fn inspect_lock(&self, name: impl Into<Vec<u8>>) -> Result<InspectResponse> {
+        let req = bpb::InspectRequest { name: name.into() };
+        let r = self
+            .call(
+                "baton.v1.Lock/Inspect",
+                Retry::Idempotent,
+                Deadline::Default,
+                |ch, t| {
+                    let r = request(req.clone(), t);
+                    async move { LockClient::new(ch).inspect(r).await }
+                },
+            )
+            .await;
+        match r {
+            Err(Error::Unsupported(_)) => Err(Error::Unsupported("inspecting locks")),
+            r => r,
+        }
+    }
+
+    /// The status of the member this client is connected to (etcd's `Maintenance.Status`):
+    /// its id and the leader's in the header and `leader`, Raft term and indexes, database
+    /// size, and the store revision (`header.revision`).
+    pub async fn status(&self) -> Result<StatusResponse> {
+        self.call(
+            "Maintenance/Status",
+            Retry::Idempotent,
+            Deadline::Default,
+            |ch, t| {
+                let r = request(pb::StatusRequest {}, t);
+                async move { MaintenanceClient::new(ch).status(r).await }
+            },
+        )
+        .await
+    }
+
+    /// The cluster's members (etcd's `Cluster.MemberList`), linearizable: a member that
+    /// lost contact with the leader does not answer with a stale list.
+    pub async fn member_list(&self) -> Result<MemberListResponse> {
+        self.call(
+            "Cluster/MemberList",
+            Retry::Idempotent,
+            Deadline::Default,
+            |ch, t| {
+                let r = request(pb::MemberListRequest { linearizable: true }, t);
+                async move { ClusterClient::new(ch).member_list(r).await }
+            },
+        )
+        .await
+    }
+
+    /// Locks in the server's lock registry, in name order, each with its holder (key,
+    /// fencing token, lease) and number of waiters; `more` says a next page exists.
+    /// Baton only: etcd has no lock registry ([`Error::Unsupported`]).
+    ///
+    /// The registry knows every lock taken through the server's lock services (this
+    /// crate's [`crate::Mutex`] on Baton, etcd's `v3lock` and `v3election` APIs); keys that
+    /// only etcd's client-side recipes wrote (`etcdctl lock`) show up once a server-side
+    /// acquisition names the same lock.
+    ///
+    /// ```
+    /// # baton_client::testing::doctest(|endpoint| async move {
+    /// use baton_client::{Client, ClientConfig, ListLocksOptions, Mutex, Session, SessionOptions};
+    ///
+    /// let client = Client::connect(ClientConfig::new([endpoint])).await?;
+    /// let session = Session::new(&client, SessionOptions::new()).await?;
+    /// let guard = Mutex::new(&session).acquire("deploy").await?;
+    /// let list = client.list_locks(ListLocksOptions::new()).await?;
+    /// let deploy = &list.locks[0];
+    /// assert_eq!(deploy.name, b"deploy");
+    /// assert_eq!(deploy.holder.as_ref().unwrap().create_revision, guard.fencing_token());
+    /// assert_eq!((deploy.waiter_count, list.more), (0, false));
+    /// # Ok(()) });
+    /// ```
+    pub async fn list_locks(&self, opts: ListLocksOptions) -> Result<ListLocksResponse> {
+        let req = opts.req;
+        let r = self
+            .call(
+                "baton.v1.Lock/List",
+                Retry::Idempotent,
+                Deadline::Default,
+                |ch, t| {
+                    let r = request(req.clone(), t);
+                    async move { LockClient::new(ch).list(r).await }
+                },
+            )
+            .await;
+        match r {
+            Err(Error::Unsupported(_)) => Err(Error::Unsupported("listing locks")),
+            r => r,
+        }
+    }
+}

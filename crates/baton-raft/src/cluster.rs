@@ -1,0 +1,295 @@
+//! Cluster bootstrap configuration (etcd's `--initial-cluster` family) and the deterministic
+//! member and cluster ids derived from it.
+//!
+//! Every member of a new cluster must agree on every member's id and on the cluster id before
+//! any of them has talked to another: the member with the smallest id initializes Raft with all
+//! members, the others only wait to be contacted. As in etcd, the ids are therefore hashes of
+//! the initial configuration: a member id of the cluster token, the member's name and its peer
+//! URLs; the cluster id of the token and the sorted member ids.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+
+/// `--initial-cluster-state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InitialClusterState {
+    /// Create the cluster: with an empty data directory, the member with the smallest id
+    /// initializes Raft with every member of `--initial-cluster`.
+    New,
+    /// Join a cluster that already exists: never initialize. Only a member that has data
+    /// (a restart) can do so for now; adding members arrives with `MemberAdd`.
+    Existing,
+}
+
+/// One entry of `--initial-cluster` (several `name=url` pairs with the same name are one
+/// member with several peer URLs, as in etcd).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InitialMember {
+    pub name: String,
+    pub peer_urls: Vec<String>,
+}
+
+/// How a member of a multi-member cluster starts. Without it ([`crate::NodeConfig::cluster`]
+/// `None`) a replica is a single-member cluster with random ids and no peer listener.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// `--initial-cluster`, in flag order.
+    pub initial_members: Vec<InitialMember>,
+    /// `--initial-cluster-state`.
+    pub state: InitialClusterState,
+    /// `--initial-cluster-token`: two clusters created from the same member list with
+    /// different tokens get different ids and refuse each other's messages.
+    pub token: String,
+    /// Where to serve the peer service (`--listen-peer-urls`).
+    pub listen_peer_addrs: Vec<SocketAddr>,
+}
+
+/// Why `--initial-cluster` and the member's own flags do not describe a valid cluster.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClusterConfigError {
+    #[error("--initial-cluster: {0:?} is not of the form name=http://host:port")]
+    BadEntry(String),
+    #[error("--initial-cluster is empty")]
+    Empty,
+    #[error("--initial-cluster: peer URL {0} is listed for more than one member")]
+    DuplicateUrl(String),
+    #[error("--initial-cluster has no member named {0:?} (this member's --name)")]
+    NotListed(String),
+    #[error(
+        "--initial-cluster lists {listed:?} for {name:?} but --initial-advertise-peer-urls \
+         is {advertised:?}; they must agree"
+    )]
+    UrlMismatch {
+        name: String,
+        listed: Vec<String>,
+        advertised: Vec<String>,
+    },
+    #[error("members {a:?} and {b:?} hash to the same id; rename one")]
+    IdCollision { a: String, b: String },
+    #[error(
+        "--initial-cluster-state existing needs this member's data directory: joining a \
+         cluster as a new member (MemberAdd) is not supported yet"
+    )]
+    ExistingWithoutData,
+}
+
+/// Parses `name1=url1,name2=url2,...` (etcd's syntax; a name may repeat to give a member
+/// several peer URLs). Members keep the order of their first appearance.
+pub fn parse_initial_cluster(s: &str) -> Result<Vec<InitialMember>, ClusterConfigError> {
+    let mut members: Vec<InitialMember> = Vec::new();
+    let mut seen_urls = BTreeSet::new();
+    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let Some((name, url)) = item.split_once('=') else {
+            return Err(ClusterConfigError::BadEntry(item.to_string()));
+        };
+        let (name, url) = (name.trim(), url.trim().trim_end_matches('/'));
+        if name.is_empty() || !url.contains("://") {
+            return Err(ClusterConfigError::BadEntry(item.to_string()));
+        }
+        if !seen_urls.insert(url.to_string()) {
+            return Err(ClusterConfigError::DuplicateUrl(url.to_string()));
+        }
+        match members.iter_mut().find(|m| m.name == name) {
+            Some(m) => m.peer_urls.push(url.to_string()),
+            None => members.push(InitialMember {
+                name: name.to_string(),
+                peer_urls: vec![url.to_string()],
+            }),
+        }
+    }
+    if members.is_empty() {
+        return Err(ClusterConfigError::Empty);
+    }
+    Ok(members)
+}
+
+/// The ids every member derives alike from the initial configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DerivedIds {
+    pub(crate) cluster_id: u64,
+    /// `(member id, member)`, sorted by id.
+    pub(crate) members: Vec<(u64, InitialMember)>,
+}
+
+impl DerivedIds {
+    pub(crate) fn id_of(&self, name: &str) -> Option<u64> {
+        self.members
+            .iter()
+            .find(|(_, m)| m.name == name)
+            .map(|(id, _)| *id)
+    }
+
+    /// The member that initializes a new cluster.
+    pub(crate) fn initializer(&self) -> u64 {
+        self.members[0].0
+    }
+}
+
+/// Derives member ids and the cluster id, and checks that `name` is listed with exactly the
+/// peer URLs it advertises.
+pub(crate) fn derive_ids(
+    config: &ClusterConfig,
+    name: &str,
+    advertised_peer_urls: &[String],
+) -> Result<DerivedIds, ClusterConfigError> {
+    if config.initial_members.is_empty() {
+        return Err(ClusterConfigError::Empty);
+    }
+    let mut members: Vec<(u64, InitialMember)> = config
+        .initial_members
+        .iter()
+        .map(|m| (member_id(&config.token, m), m.clone()))
+        .collect();
+    members.sort_by_key(|(id, _)| *id);
+    for pair in members.windows(2) {
+        if pair[0].0 == pair[1].0 {
+            return Err(ClusterConfigError::IdCollision {
+                a: pair[0].1.name.clone(),
+                b: pair[1].1.name.clone(),
+            });
+        }
+    }
+    let me = members
+        .iter()
+        .find(|(_, m)| m.name == name)
+        .ok_or_else(|| ClusterConfigError::NotListed(name.to_string()))?;
+    let norm = |urls: &[String]| -> BTreeSet<String> {
+        urls.iter()
+            .map(|u| u.trim_end_matches('/').to_string())
+            .collect()
+    };
+    if norm(&me.1.peer_urls) != norm(advertised_peer_urls) {
+        return Err(ClusterConfigError::UrlMismatch {
+            name: name.to_string(),
+            listed: me.1.peer_urls.clone(),
+            advertised: advertised_peer_urls.to_vec(),
+        });
+    }
+    let mut h = StableHasher::new(b"baton-cluster-id-v1");
+    h.write(config.token.as_bytes());
+    for (id, _) in &members {
+        h.write(&id.to_be_bytes());
+    }
+    Ok(DerivedIds {
+        cluster_id: h.finish(),
+        members,
+    })
+}
+
+/// A member's id: token, name and sorted peer URLs. Never zero (zero means "none" in etcd's
+/// API).
+fn member_id(token: &str, m: &InitialMember) -> u64 {
+    let mut urls: Vec<&str> = m
+        .peer_urls
+        .iter()
+        .map(|u| u.trim_end_matches('/'))
+        .collect();
+    urls.sort_unstable();
+    let mut h = StableHasher::new(b"baton-member-id-v1");
+    h.write(token.as_bytes());
+    h.write(m.name.as_bytes());
+    for u in urls {
+        h.write(u.as_bytes());
+    }
+    h.finish()
+}
+
+/// FNV-1a over length-prefixed fields, finished with splitmix64's mixer. Chosen because its
+/// output is fixed forever by its definition (std's `DefaultHasher` may change between Rust
+/// releases, and ids are persisted and compared across builds); it needs no dependency and
+/// collisions among a handful of members are negligible (and detected).
+struct StableHasher(u64);
+
+impl StableHasher {
+    fn new(domain: &[u8]) -> Self {
+        let mut h = StableHasher(0xcbf2_9ce4_8422_2325);
+        h.write(domain);
+        h
+    }
+
+    fn write(&mut self, field: &[u8]) {
+        let len = (field.len() as u64).to_le_bytes();
+        for b in len.iter().chain(field) {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        z.max(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(spec: &str, token: &str) -> ClusterConfig {
+        ClusterConfig {
+            initial_members: parse_initial_cluster(spec).unwrap(),
+            state: InitialClusterState::New,
+            token: token.into(),
+            listen_peer_addrs: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn parse_groups_urls_by_name() {
+        let m = parse_initial_cluster("a=http://h:1, b=http://h:2,a=http://h:3/").unwrap();
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[0].name, "a");
+        assert_eq!(m[0].peer_urls, vec!["http://h:1", "http://h:3"]);
+        assert_eq!(m[1].peer_urls, vec!["http://h:2"]);
+        assert!(matches!(
+            parse_initial_cluster("a"),
+            Err(ClusterConfigError::BadEntry(_))
+        ));
+        assert!(matches!(
+            parse_initial_cluster("a=http://h:1,b=http://h:1"),
+            Err(ClusterConfigError::DuplicateUrl(_))
+        ));
+        assert_eq!(parse_initial_cluster(""), Err(ClusterConfigError::Empty));
+    }
+
+    #[test]
+    fn ids_are_deterministic_and_order_independent() {
+        let spec = "n1=http://127.0.0.1:1,n2=http://127.0.0.1:2,n3=http://127.0.0.1:3";
+        let a = derive_ids(&config(spec, "t"), "n1", &["http://127.0.0.1:1".into()]).unwrap();
+        let reordered = "n3=http://127.0.0.1:3,n1=http://127.0.0.1:1,n2=http://127.0.0.1:2";
+        let b = derive_ids(
+            &config(reordered, "t"),
+            "n2",
+            &["http://127.0.0.1:2/".into()],
+        )
+        .unwrap();
+        assert_eq!(a, b, "every member derives the same ids");
+        let ids: BTreeSet<u64> = a.members.iter().map(|(id, _)| *id).collect();
+        assert_eq!(ids.len(), 3);
+        assert!(!ids.contains(&0));
+        let other_token =
+            derive_ids(&config(spec, "u"), "n1", &["http://127.0.0.1:1".into()]).unwrap();
+        assert_ne!(other_token.cluster_id, a.cluster_id);
+        assert_ne!(other_token.id_of("n1"), a.id_of("n1"));
+        // Pinned: ids are persisted and derived independently by every member, so the
+        // derivation must never change.
+        assert_eq!(a.cluster_id, 0xc9d8_78c7_483f_36c7);
+        assert_eq!(a.id_of("n1"), Some(0xa0da_0cc6_3655_700f));
+    }
+
+    #[test]
+    fn own_entry_must_match_advertised_urls() {
+        let spec = "n1=http://127.0.0.1:1,n2=http://127.0.0.1:2";
+        assert!(matches!(
+            derive_ids(&config(spec, "t"), "n3", &[]),
+            Err(ClusterConfigError::NotListed(_))
+        ));
+        assert!(matches!(
+            derive_ids(&config(spec, "t"), "n1", &["http://127.0.0.1:9".into()]),
+            Err(ClusterConfigError::UrlMismatch { .. })
+        ));
+    }
+}

@@ -1,0 +1,180 @@
+//! What travels inside `baton.raft.v1.PeerMessage.payload`: bincode, with one set of options
+//! for both directions and a size limit so a corrupt or hostile length prefix cannot make the
+//! decoder allocate without bound.
+//!
+//! openraft's own messages (append, vote, snapshot chunks) are encoded as openraft defines
+//! them. Requests forwarded to the leader are [`LeaderRequest`] / [`LeaderResponse`].
+
+use baton_core::{
+    Command, DeleteRangeResponse, KeyValue, KvError, LeaseId, PutResponse, Response, Revision,
+    TxnResponse,
+};
+use bincode::Options;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::types::Member;
+use crate::{KeepAlive, ProposeError};
+
+/// Bound on one peer message (either direction), and the gRPC limit of the peer service.
+/// Comfortably above the largest single Raft entry (a proposal batch is cut at 4 MiB, one
+/// command is at most 1.5 MiB) and above a snapshot chunk (`SNAPSHOT_CHUNK_BYTES`); an
+/// AppendEntries with several entries above it is split (openraft's `PayloadTooLarge`).
+pub(crate) const MAX_PEER_MESSAGE_BYTES: usize = 16 << 20;
+
+/// Size of one InstallSnapshot chunk.
+pub(crate) const SNAPSHOT_CHUNK_BYTES: u64 = 4 << 20;
+
+fn options() -> impl Options {
+    bincode::DefaultOptions::new()
+        .with_fixint_encoding()
+        .with_limit(MAX_PEER_MESSAGE_BYTES as u64)
+}
+
+/// Why a payload could not be encoded or decoded.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum WireError {
+    /// Above [`MAX_PEER_MESSAGE_BYTES`].
+    #[error("peer message above {MAX_PEER_MESSAGE_BYTES} bytes")]
+    TooLarge,
+    #[error("undecodable peer message: {0}")]
+    Invalid(String),
+}
+
+pub(crate) fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, WireError> {
+    options().serialize(value).map_err(|e| match *e {
+        bincode::ErrorKind::SizeLimit => WireError::TooLarge,
+        other => WireError::Invalid(other.to_string()),
+    })
+}
+
+pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, WireError> {
+    options()
+        .deserialize(bytes)
+        .map_err(|e| WireError::Invalid(e.to_string()))
+}
+
+/// A request only the leader can serve, forwarded by a follower.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum LeaderRequest {
+    /// Replicate and apply a command (through the leader's proposer, batched with its own).
+    Propose(Command),
+    /// Confirm leadership with a quorum and return the index a linearizable read must wait
+    /// for (ReadIndex; openraft's `get_read_log_id`).
+    ReadIndex,
+    /// Renew a lease on the leader's lease clock.
+    KeepAlive(LeaseId),
+    /// Remaining TTL of a lease on the leader's lease clock.
+    TimeToLive(LeaseId),
+    /// Record the sender's name and client URLs in the membership (its peer URLs are kept).
+    Publish { id: u64, member: Member },
+}
+
+impl LeaderRequest {
+    /// Whether sending it twice is harmless, so a failed attempt may be retried blindly even
+    /// when it may have reached the leader. A proposal is not: it could be applied twice.
+    pub(crate) fn is_idempotent(&self) -> bool {
+        !matches!(self, LeaderRequest::Propose(_))
+    }
+}
+
+/// The leader's answer. Each request kind has its own variant; `Failed` carries the leader's
+/// own error (e.g. `NotLeader` if it lost leadership, which means nothing was done).
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum LeaderResponse {
+    Proposed(ForwardedProposal),
+    ReadIndex(u64),
+    KeepAlive(KeepAlive),
+    TimeToLive(Option<i64>),
+    Published,
+    Failed(ProposeError),
+}
+
+/// A proposal's outcome as the leader saw it. `Applied::events` are not sent: the follower
+/// publishes the same events to its own watchers when it applies the entry.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct ForwardedProposal {
+    pub(crate) revision: Revision,
+    #[serde(with = "ResponseDef")]
+    pub(crate) response: Response,
+    pub(crate) raft_term: u64,
+    /// The Raft index of the entry; the follower waits until it has applied it, so a client
+    /// reads its own write on the member it wrote through (as with etcd).
+    pub(crate) raft_index: u64,
+}
+
+/// serde's mirror of [`baton_core::Response`] (which is deliberately not serde: it is a local
+/// result). The derive checks every variant and field against the real type at compile time.
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "Response")]
+enum ResponseDef {
+    Noop,
+    Put(PutResponse),
+    DeleteRange(DeleteRangeResponse),
+    Txn(TxnResponse),
+    Compact,
+    LeaseGrant {
+        id: LeaseId,
+        ttl_s: i64,
+    },
+    LeaseRevoke,
+    ExpireLeases {
+        expired: Vec<LeaseId>,
+        expired_holders: Vec<Vec<u8>>,
+    },
+    LeaseCheckpoint,
+    LockEnqueue {
+        kv: KeyValue,
+        created: bool,
+    },
+    LockForceRelease {
+        released: Option<KeyValue>,
+    },
+    FenceCheck {
+        accepted: bool,
+        highest: i64,
+    },
+    Error(KvError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forwarded_proposal_roundtrips() {
+        let p = ForwardedProposal {
+            revision: Revision(7),
+            response: Response::LockEnqueue {
+                kv: KeyValue {
+                    key: b"k".to_vec(),
+                    ..Default::default()
+                },
+                created: true,
+            },
+            raft_term: 3,
+            raft_index: 42,
+        };
+        let bytes = encode(&LeaderResponse::Proposed(p)).unwrap();
+        match decode::<LeaderResponse>(&bytes).unwrap() {
+            LeaderResponse::Proposed(q) => {
+                assert_eq!(q.revision, Revision(7));
+                assert_eq!(q.raft_index, 42);
+                assert!(matches!(
+                    q.response,
+                    Response::LockEnqueue { created: true, .. }
+                ));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn size_limit_is_enforced_both_ways() {
+        let big = vec![0u8; MAX_PEER_MESSAGE_BYTES + 1];
+        assert!(matches!(encode(&big), Err(WireError::TooLarge)));
+        // A length prefix claiming more than the limit is refused without allocating it.
+        let lie = (u64::MAX / 2).to_le_bytes();
+        assert!(decode::<Vec<u8>>(&lie).is_err());
+    }
+}

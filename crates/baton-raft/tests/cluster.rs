@@ -1,0 +1,205 @@
+//! Three replicas in one process, talking over the real peer transport on loopback: bootstrap
+//! from `--initial-cluster`-style config, followers routing proposals, read indexes and lease
+//! calls to the leader, published member attributes, and a new leader after the old one stops.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use baton_core::{Command, KeyRange, LeaseId, PutRequest, RangeRequest, Response};
+use baton_raft::{
+    ClusterConfig, InitialClusterState, InitialMember, KeepAlive, Node, NodeConfig, StartError,
+};
+
+fn free_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+fn configs(dir: &Path, n: usize) -> Vec<NodeConfig> {
+    let peers: Vec<SocketAddr> = (0..n).map(|_| free_addr()).collect();
+    let members: Vec<InitialMember> = peers
+        .iter()
+        .enumerate()
+        .map(|(i, a)| InitialMember {
+            name: format!("r{i}"),
+            peer_urls: vec![format!("http://{a}")],
+        })
+        .collect();
+    (0..n)
+        .map(|i| {
+            let mut c = NodeConfig::new(format!("r{i}"), dir.join(format!("r{i}")));
+            c.heartbeat_interval = Duration::from_millis(50);
+            c.election_timeout = Duration::from_millis(500);
+            c.peer_urls = members[i].peer_urls.clone();
+            c.client_urls = vec![format!("http://client-{i}:2379")];
+            c.cluster = Some(ClusterConfig {
+                initial_members: members.clone(),
+                state: InitialClusterState::New,
+                token: "t".into(),
+                listen_peer_addrs: vec![peers[i]],
+            });
+            c
+        })
+        .collect()
+}
+
+fn put(key: &str, value: &str) -> Command {
+    Command::Put(PutRequest {
+        key: key.into(),
+        value: value.into(),
+        ..Default::default()
+    })
+}
+
+fn get(node: &Node, key: &str) -> Option<Vec<u8>> {
+    let req = RangeRequest {
+        range: KeyRange {
+            key: key.into(),
+            range_end: vec![],
+        },
+        ..Default::default()
+    };
+    let resp = node.read(|sm| sm.range(&req)).unwrap();
+    resp.kvs.into_iter().next().map(|kv| kv.value)
+}
+
+/// The index of the member all `nodes` agree leads.
+async fn leader_of(nodes: &[&Node]) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let leaders: Vec<Option<u64>> = nodes.iter().map(|n| n.status().leader_id).collect();
+        if let Some(Some(l)) = leaders.first() {
+            if leaders.iter().all(|x| *x == Some(*l)) {
+                if let Some(i) = nodes.iter().position(|n| n.status().member_id == *l) {
+                    return i;
+                }
+            }
+        }
+        assert!(Instant::now() < deadline, "no agreed leader: {leaders:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn followers_route_to_the_leader() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfgs = configs(tmp.path(), 3);
+    let mut nodes = Vec::new();
+    for c in cfgs.clone() {
+        nodes.push(Node::start(c).await.expect("start"));
+    }
+    let refs: Vec<&Node> = nodes.iter().collect();
+    let leader = leader_of(&refs).await;
+    let f = (leader + 1) % 3;
+    let ids: Vec<u64> = nodes.iter().map(|n| n.status().member_id).collect();
+    let cluster_ids: Vec<u64> = nodes.iter().map(|n| n.status().cluster_id).collect();
+    assert!(cluster_ids.iter().all(|c| *c == cluster_ids[0]));
+    let mut sorted = ids.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 3, "distinct member ids");
+
+    // A proposal on a follower is forwarded, and the follower has applied it on return.
+    let p = nodes[f]
+        .propose(put("k", "v"))
+        .await
+        .expect("forwarded put");
+    assert!(matches!(p.applied.response, Response::Put(_)));
+    assert!(p.applied.events.is_empty(), "events are not shipped back");
+    assert_eq!(get(&nodes[f], "k").as_deref(), Some(&b"v"[..]));
+    assert!(nodes[f].status().applied_index >= p.raft_index);
+
+    // ReadIndex from a follower: after the barrier, the follower has what the leader has.
+    nodes[leader].propose(put("k", "w")).await.unwrap();
+    let other = (leader + 2) % 3;
+    nodes[other]
+        .read_barrier()
+        .await
+        .expect("follower read barrier");
+    assert_eq!(get(&nodes[other], "k").as_deref(), Some(&b"w"[..]));
+
+    // Leases: granted through a follower, renewed and inspected through the other one (on the
+    // leader's clock); the follower's own clock refuses.
+    let id = LeaseId(77);
+    nodes[f]
+        .propose(Command::LeaseGrant { id, ttl_s: 30 })
+        .await
+        .unwrap();
+    assert_eq!(
+        nodes[other].renew_lease(id).await,
+        Ok(KeepAlive::Renewed { ttl_s: 30 })
+    );
+    assert_eq!(
+        nodes[other].renew_lease(LeaseId(78)).await,
+        Ok(KeepAlive::NotFound)
+    );
+    assert!(matches!(
+        nodes[other].lease_time_to_live(id).await,
+        Ok(Some(29 | 30))
+    ));
+    assert!(nodes[other].lease_keep_alive(id).is_err());
+
+    // Every member shows every member's name, peer and client URLs (published by each).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let complete = nodes.iter().all(|n| {
+            let m = n.members();
+            m.len() == 3
+                && m.iter().all(|m| {
+                    let i: usize = m
+                        .name
+                        .strip_prefix('r')
+                        .and_then(|s| s.parse().ok())
+                        .unwrap_or(9);
+                    i < 3
+                        && m.id == ids[i]
+                        && m.peer_urls == cfgs[i].peer_urls
+                        && m.client_urls == cfgs[i].client_urls
+                        && !m.is_learner
+                })
+        });
+        if complete {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "members never complete: {:?}",
+            nodes[f].members()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // The leader stops: the others elect one of themselves and accept writes again.
+    nodes[leader].shutdown().await;
+    let survivors: Vec<&Node> = (0..3).filter(|i| *i != leader).map(|i| &nodes[i]).collect();
+    let new_leader = leader_of(&survivors).await;
+    let follower = survivors[1 - new_leader];
+    follower
+        .propose(put("after", "x"))
+        .await
+        .expect("write after failover");
+    assert_eq!(get(follower, "after").as_deref(), Some(&b"x"[..]));
+    for n in &nodes {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn inconsistent_cluster_flags_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = configs(tmp.path(), 2).remove(0);
+    c.peer_urls = vec!["http://127.0.0.1:1".into()];
+    assert!(matches!(
+        Node::start(c.clone()).await,
+        Err(StartError::Config(_))
+    ));
+    let mut c = configs(tmp.path(), 2).remove(0);
+    c.cluster.as_mut().unwrap().state = InitialClusterState::Existing;
+    assert!(matches!(Node::start(c).await, Err(StartError::Config(_))));
+    let mut c = configs(tmp.path(), 2).remove(1);
+    c.election_timeout = Duration::from_millis(200);
+    assert!(matches!(Node::start(c).await, Err(StartError::Raft(_))));
+}

@@ -1,0 +1,360 @@
+//! Multi-member clusters: three real `baton serve` processes on loopback, created with
+//! `--initial-cluster`. Any member serves reads and writes (followers forward writes,
+//! keep-alives and TimeToLive to the leader and get read indexes from it), watches see
+//! writes made through other members, kill -9 of the leader elects a new one quickly, and a
+//! killed member restarted with its data directory catches up (by snapshot if the log it
+//! missed was purged).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{etcdctl, etcdctl_cmd, Cluster, Proc};
+use etcd_client::{Client, ConnectOptions, GetOptions};
+use regex::Regex;
+
+async fn client(endpoint: &str) -> Client {
+    let opts = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_timeout(Duration::from_secs(5));
+    Client::connect([format!("http://{endpoint}")], Some(opts))
+        .await
+        .unwrap_or_else(|e| panic!("connect to {endpoint}: {e}"))
+}
+
+/// `(member_id, leader)` of every member that answers `Status`.
+async fn statuses(endpoints: &[String]) -> Vec<Option<(u64, u64)>> {
+    let mut out = Vec::new();
+    for ep in endpoints {
+        let st = async {
+            let mut c = client(ep).await;
+            let s = c.status().await.ok()?;
+            Some((s.header()?.member_id(), s.leader()))
+        };
+        out.push(
+            tokio::time::timeout(Duration::from_secs(2), st)
+                .await
+                .ok()
+                .flatten(),
+        );
+    }
+    out
+}
+
+/// Waits until every listed member reports the same leader, which is one of them; returns
+/// the leader's index in `endpoints`.
+async fn agreed_leader(endpoints: &[String], within: Duration) -> usize {
+    let deadline = Instant::now() + within;
+    loop {
+        let st = statuses(endpoints).await;
+        if let Some(Some((_, leader))) = st.first() {
+            let agreed = st.iter().all(|s| s.is_some_and(|(_, l)| l == *leader));
+            let index = st.iter().position(|s| s.is_some_and(|(m, _)| m == *leader));
+            if *leader != 0 && agreed {
+                if let Some(i) = index {
+                    return i;
+                }
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no agreed leader within {within:?}: {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn endpoints(c: &Cluster) -> Vec<String> {
+    c.members.iter().map(|m| m.endpoint()).collect()
+}
+
+/// Runs etcdctl in a blocking thread (it is a process; the test runtime has few threads).
+async fn etcdctl_async(endpoint: &str, args: &[&str]) -> common::Out {
+    let endpoint = endpoint.to_string();
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        etcdctl(&endpoint, &args, None)
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_members_serve_from_any_member() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path(), 3, &[]);
+    let eps = endpoints(&cluster);
+    let leader = agreed_leader(&eps, Duration::from_secs(10)).await;
+    let follower = (leader + 1) % 3;
+
+    // Member list on any member: three members with names, peer and client URLs (client
+    // URLs are published by each member after it joined, so allow a moment).
+    let line = Regex::new(
+        r"^([0-9a-f]+), started, (m[123]), http://127\.0\.0\.1:(\d+), http://127\.0\.0\.1:(\d+), false$",
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let list = loop {
+        let out = etcdctl_async(&eps[1], &["member", "list"]).await;
+        let lines: Vec<_> = out
+            .stdout
+            .lines()
+            .filter_map(|l| line.captures(l))
+            .collect();
+        if out.code == 0 && lines.len() == 3 {
+            break out.stdout;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "member list never showed 3 started members: {out:?}\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Member ids by member index.
+    let mut ids = [0u64; 3];
+    for caps in list.lines().filter_map(|l| line.captures(l)) {
+        let i: usize = caps[2][1..].parse::<usize>().unwrap() - 1;
+        let m = &cluster.members[i];
+        assert_eq!(caps[3].parse::<u16>().unwrap(), m.peer_port, "{list}");
+        assert_eq!(caps[4].parse::<u16>().unwrap(), m.client_port, "{list}");
+        ids[i] = u64::from_str_radix(&caps[1], 16).unwrap();
+    }
+    assert!(ids.iter().all(|id| *id != 0), "{list}");
+
+    // Endpoint status of all three: one leader, the same on all, and it is a member.
+    let out = etcdctl_async(&cluster.endpoints(), &["endpoint", "status", "-w", "json"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let leaders: Vec<u64> = Regex::new(r#""leader":(\d+)"#)
+        .unwrap()
+        .captures_iter(&out.stdout)
+        .map(|c| c[1].parse().unwrap())
+        .collect();
+    assert_eq!(leaders.len(), 3, "{out:?}");
+    assert!(leaders.iter().all(|l| *l == leaders[0]), "{out:?}");
+    assert_eq!(leaders[0], ids[leader], "{out:?}");
+    let cluster_ids: Vec<&str> = Regex::new(r#""cluster_id":(\d+)"#)
+        .unwrap()
+        .captures_iter(&out.stdout)
+        .map(|c| c.get(1).unwrap().as_str())
+        .collect();
+    assert_eq!(cluster_ids.len(), 3, "{out:?}");
+    assert!(cluster_ids.iter().all(|c| *c == cluster_ids[0]), "{out:?}");
+
+    // A put through member 2 is readable, linearizably, through member 3 at once.
+    let out = etcdctl_async(&eps[1], &["put", "k2", "through-2"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let out = etcdctl_async(&eps[2], &["get", "k2", "--print-value-only"]).await;
+    assert_eq!(out.stdout, "through-2\n", "{out:?}");
+
+    // A follower reads its own write even serializably (the write returns once applied
+    // there), and answers with a header that has its own member id.
+    let mut f = client(&eps[follower]).await;
+    let put = f.put("own", "write", None).await.unwrap();
+    let get = f
+        .get("own", Some(GetOptions::new().with_serializable()))
+        .await
+        .unwrap();
+    assert_eq!(get.kvs()[0].value(), b"write");
+    assert_eq!(
+        get.header().unwrap().revision(),
+        put.header().unwrap().revision()
+    );
+    assert_eq!(get.header().unwrap().member_id(), ids[follower]);
+    assert_eq!(put.header().unwrap().member_id(), ids[follower]);
+
+    // A watch on member 3 sees a put made through member 1.
+    let mut watch = Proc::spawn("watch", {
+        let mut cmd = etcdctl_cmd(&eps[2]);
+        cmd.args(["watch", "w"]);
+        cmd
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let out = etcdctl_async(&eps[0], &["put", "w", "from-member-1"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    tokio::task::block_in_place(|| {
+        watch.expect_stdout("PUT\nw\nfrom-member-1\n", Duration::from_secs(5))
+    });
+
+    // Leases through a follower: grant (a proposal), keep-alive and TimeToLive (served by
+    // the leader's lease clock), a put attached to the lease, revoke.
+    let ep = &eps[follower];
+    let out = etcdctl_async(ep, &["lease", "grant", "30"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let lease = Regex::new(r"lease ([0-9a-f]+) granted with TTL\(30s\)")
+        .unwrap()
+        .captures(&out.stdout)
+        .unwrap_or_else(|| panic!("{out:?}"))[1]
+        .to_string();
+    let out = etcdctl_async(ep, &["lease", "keep-alive", "--once", &lease]).await;
+    assert!(
+        out.stdout
+            .contains(&format!("lease {lease} keepalived with TTL(30)")),
+        "{out:?}"
+    );
+    let out = etcdctl_async(ep, &["put", "leased", "v", "--lease", &lease]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let out = etcdctl_async(ep, &["lease", "timetolive", &lease, "--keys"]).await;
+    assert!(
+        Regex::new(r"granted with TTL\(30s\), remaining\((29|30)s\), attached keys\(\[leased\]\)")
+            .unwrap()
+            .is_match(&out.stdout),
+        "{out:?}"
+    );
+    let out = etcdctl_async(ep, &["lease", "revoke", &lease]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let out = etcdctl_async(&eps[leader], &["get", "leased", "--print-value-only"]).await;
+    assert_eq!(
+        out.stdout, "",
+        "revoking deleted the key everywhere: {out:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_kill9_fails_over_and_the_member_catches_up() {
+    const ROUNDS: usize = 5;
+    /// Keys written while a member is down: more than the leader keeps behind a snapshot
+    /// (`--snapshot-count 100` keeps 50), so the restarted member needs a snapshot.
+    const WRITES_WHILE_DOWN: usize = 200;
+    let dir = tempfile::tempdir().unwrap();
+    // Default timing (100 ms heartbeat, 1 s election timeout): the failover time printed
+    // below is what a default deployment gets.
+    let mut cluster = Cluster::start(dir.path(), 3, &["--snapshot-count", "100"]);
+    let eps = endpoints(&cluster);
+    let mut leader = agreed_leader(&eps, Duration::from_secs(10)).await;
+    let mut failovers = Vec::new();
+
+    for round in 0..ROUNDS {
+        let survivors: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+        let mut c = client(&eps[survivors[0]]).await;
+        c.put(format!("before/{round}"), "x", None).await.unwrap();
+
+        cluster.members[leader].kill9();
+        let killed_at = Instant::now();
+        // The next write through a survivor that succeeds, as a client waiting on it sees
+        // it: the survivor holds the request (retrying the dead leader, then waiting for a
+        // new one) and forwards it as soon as a leader is elected. Attempts are bounded in
+        // case one is lost with the dead leader.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let put = c.put(format!("failover/{round}/{attempt}"), "x", None);
+            if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(3), put).await {
+                break;
+            }
+            assert!(
+                killed_at.elapsed() < Duration::from_secs(10),
+                "no successful write within 10 s of killing the leader\n{}",
+                cluster.logs()
+            );
+        }
+        let took = killed_at.elapsed();
+        eprintln!(
+            "round {round}: killed leader m{}; next write succeeded after {took:?} ({attempt} attempts)",
+            leader + 1
+        );
+        failovers.push(took);
+        let survivor_eps: Vec<String> = survivors.iter().map(|i| eps[*i].clone()).collect();
+        let new_leader = survivors[agreed_leader(&survivor_eps, Duration::from_secs(5)).await];
+        assert_ne!(new_leader, leader);
+
+        // Writes through both survivors while the member is down; enough that the leader
+        // snapshots and purges past what the dead member has.
+        let mut other = client(&eps[survivors[1]]).await;
+        for i in 0..WRITES_WHILE_DOWN {
+            let c = if i % 2 == 0 { &mut c } else { &mut other };
+            c.put(format!("down/{round}/{i:04}"), format!("{i}"), None)
+                .await
+                .unwrap();
+        }
+        let expected_revision = c
+            .get("any", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+
+        // Restart with its data directory; it must catch up to the others' revision.
+        let m = &mut cluster.members[leader];
+        let snapshots_before = m
+            .log()
+            .matches("installed a snapshot from the leader")
+            .count();
+        if round == 0 {
+            m.extra_args
+                .extend(["--initial-cluster-state".into(), "existing".into()]);
+        }
+        m.spawn();
+        let mut r = client(&eps[leader]).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let got = r
+                .get(
+                    format!("down/{round}/{:04}", WRITES_WHILE_DOWN - 1),
+                    Some(GetOptions::new().with_serializable()),
+                )
+                .await;
+            if let Ok(got) = got {
+                let rev = got.header().unwrap().revision();
+                if rev >= expected_revision {
+                    assert_eq!(got.kvs().len(), 1, "the last write is there");
+                    break;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "restarted m{} did not reach revision {expected_revision}\n{}",
+                leader + 1,
+                cluster.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Everything written while it was down is there, read locally.
+        let all = r
+            .get(
+                format!("down/{round}/"),
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_serializable()
+                        .with_count_only(),
+                ),
+            )
+            .await
+            .unwrap();
+        assert_eq!(all.count(), WRITES_WHILE_DOWN as i64);
+        let m = &cluster.members[leader];
+        assert!(
+            m.log()
+                .matches("installed a snapshot from the leader")
+                .count()
+                > snapshots_before,
+            "the restarted member caught up by snapshot (the leader purged what it missed)\n{}",
+            m.log()
+        );
+        // Its restart did not depose the leader (it holds its elections until it has heard
+        // from the leader).
+        assert_eq!(
+            survivors[agreed_leader(&survivor_eps, Duration::from_secs(5)).await],
+            new_leader
+        );
+        leader = agreed_leader(&eps, Duration::from_secs(5)).await;
+        assert_eq!(
+            leader, new_leader,
+            "a restarted member does not disrupt the leader"
+        );
+    }
+
+    let mut sorted = failovers.clone();
+    sorted.sort();
+    let median = sorted[sorted.len() / 2];
+    eprintln!("failover (kill -9 of the leader → next successful write): {failovers:?}, median {median:?}");
+    // The target is ≤ 1 s (measured 0.85-1.0 s on loopback); the bound leaves room for a
+    // loaded machine without letting the old 3-4 s behaviour through.
+    assert!(
+        median <= Duration::from_millis(1500),
+        "median failover {median:?} (target ≤ 1 s)"
+    );
+}
