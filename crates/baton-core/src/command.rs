@@ -278,8 +278,9 @@ pub struct Applied {
 }
 
 /// Per-command results. Domain errors are values, never panics: a failed command changes
-/// nothing.
-#[derive(Debug, Clone, PartialEq)]
+/// nothing. Serializable because a follower receives the leader's result of a forwarded
+/// command over the wire.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Response {
     Noop,
     Put(PutResponse),

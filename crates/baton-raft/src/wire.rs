@@ -5,10 +5,7 @@
 //! openraft's own messages (append, vote, snapshot chunks) are encoded as openraft defines
 //! them. Requests forwarded to the leader are [`LeaderRequest`] / [`LeaderResponse`].
 
-use baton_core::{
-    Command, DeleteRangeResponse, KeyValue, KvError, LeaseId, PutResponse, Response, Revision,
-    TxnResponse,
-};
+use baton_core::{Command, LeaseId, Response, Revision};
 use bincode::Options;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -95,7 +92,6 @@ pub(crate) enum LeaderResponse {
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct ForwardedProposal {
     pub(crate) revision: Revision,
-    #[serde(with = "ResponseDef")]
     pub(crate) response: Response,
     pub(crate) raft_term: u64,
     /// The Raft index of the entry; the follower waits until it has applied it, so a client
@@ -103,43 +99,10 @@ pub(crate) struct ForwardedProposal {
     pub(crate) raft_index: u64,
 }
 
-/// serde's mirror of [`baton_core::Response`] (which is deliberately not serde: it is a local
-/// result). The derive checks every variant and field against the real type at compile time.
-#[derive(Serialize, Deserialize)]
-#[serde(remote = "Response")]
-enum ResponseDef {
-    Noop,
-    Put(PutResponse),
-    DeleteRange(DeleteRangeResponse),
-    Txn(TxnResponse),
-    Compact,
-    LeaseGrant {
-        id: LeaseId,
-        ttl_s: i64,
-    },
-    LeaseRevoke,
-    ExpireLeases {
-        expired: Vec<LeaseId>,
-        expired_holders: Vec<Vec<u8>>,
-    },
-    LeaseCheckpoint,
-    LockEnqueue {
-        kv: KeyValue,
-        created: bool,
-    },
-    LockForceRelease {
-        released: Option<KeyValue>,
-    },
-    FenceCheck {
-        accepted: bool,
-        highest: i64,
-    },
-    Error(KvError),
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use baton_core::KeyValue;
 
     #[test]
     fn forwarded_proposal_roundtrips() {
