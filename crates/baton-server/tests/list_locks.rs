@@ -3,74 +3,15 @@
 //! `baton status` shows operators, so it must agree with `Inspect` on who holds a lock and
 //! how many wait, including during a lock-delay.
 
-use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use baton_proto::baton::v1 as bv1;
-use baton_proto::etcdserverpb as epb;
-use baton_raft::{Node, NodeConfig};
-use baton_server::locks::LockEngine;
-use baton_server::{serve_with_locks, ServerConfig, Shared};
-use tonic::transport::Channel;
 use tonic::Code;
 
-struct Server {
-    node: Node,
-    channel: Channel,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    _dir: tempfile::TempDir,
-}
+mod common;
+use common::{eventually, Server};
 
 impl Server {
-    async fn start() -> Server {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut config = NodeConfig::new("t", dir.path());
-        config.heartbeat_interval = Duration::from_millis(50);
-        config.election_timeout = Duration::from_millis(300);
-        let node = Node::start(config).await.expect("node");
-        let addr = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
-            l.local_addr().expect("addr")
-        };
-        let shared = Shared {
-            node: node.clone(),
-            config: ServerConfig {
-                client_addrs: vec![addr],
-                metrics_addrs: Vec::new(),
-                min_lease_ttl_s: 1,
-                watch_progress_interval: Duration::from_secs(600),
-            },
-        };
-        let engine = LockEngine::new(shared.clone());
-        let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
-            .build_recorder()
-            .handle();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(serve_with_locks(shared, engine, metrics, async {
-            let _ = stopped.await;
-        }));
-        let channel = connect(addr).await;
-        Server {
-            node,
-            channel,
-            stop: Some(stop),
-            _dir: dir,
-        }
-    }
-
-    fn locks(&self) -> bv1::lock_client::LockClient<Channel> {
-        bv1::lock_client::LockClient::new(self.channel.clone())
-    }
-
-    async fn lease(&self, ttl: i64) -> i64 {
-        epb::lease_client::LeaseClient::new(self.channel.clone())
-            .lease_grant(epb::LeaseGrantRequest { ttl, id: 0 })
-            .await
-            .expect("lease grant")
-            .into_inner()
-            .id
-    }
-
     async fn acquire(&self, name: &str, lease: i64, lock_delay_ms: i64) -> bv1::AcquireResponse {
         self.locks()
             .acquire(bv1::AcquireRequest {
@@ -102,14 +43,6 @@ impl Server {
         .await;
     }
 
-    async fn inspect(&self, name: &str) -> bv1::InspectResponse {
-        self.locks()
-            .inspect(bv1::InspectRequest { name: name.into() })
-            .await
-            .expect("inspect")
-            .into_inner()
-    }
-
     async fn list(&self, prefix: &str, after: &str, limit: i64) -> bv1::ListLocksResponse {
         self.locks()
             .list(bv1::ListLocksRequest {
@@ -120,43 +53,6 @@ impl Server {
             .await
             .expect("list")
             .into_inner()
-    }
-
-    async fn stop(mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        self.node.shutdown().await;
-    }
-}
-
-async fn connect(addr: SocketAddr) -> Channel {
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .expect("endpoint")
-        .tcp_nodelay(true);
-    let t0 = Instant::now();
-    loop {
-        match endpoint.connect().await {
-            Ok(c) => return c,
-            Err(e) if t0.elapsed() < Duration::from_secs(5) => {
-                let _ = e;
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(e) => panic!("cannot connect to {addr}: {e}"),
-        }
-    }
-}
-
-/// Polls `f` every 10 ms until it is true, failing after `limit`.
-async fn eventually<F, Fut>(limit: Duration, what: &str, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let t0 = Instant::now();
-    while !f().await {
-        assert!(t0.elapsed() < limit, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
