@@ -92,15 +92,14 @@ pub(crate) enum Retry {
     Once,
 }
 
-/// Identifies one logical request for de-duplication: the client's random id and a
-/// per-client sequence number.
+/// Identifies one logical request: the client's random id and a per-client sequence number.
 ///
-/// The client gives every write one id (the same across its attempts) and sends it as the
-/// `baton-request-id` gRPC metadata entry (`<client id hex>-<sequence>`), which shows up in
-/// server logs. **The server does not de-duplicate yet**: until it does (with the cluster
-/// work), a write that failed with [`Error::Unavailable`] may or may not have been applied,
-/// which is why the client does not retry writes by itself. The field numbers are reserved
-/// in `baton.v1.RequestId` for when it does.
+/// The client gives every plain write one id (the same across its attempts) and sends it as
+/// the `baton-request-id` gRPC metadata entry (`<client id hex>-<sequence>`), which shows up
+/// in server logs. Plain writes keep etcd's semantics: one that failed with
+/// [`Error::Unavailable`] may or may not have been applied, so the client does not retry it.
+/// Writes that must be retried safely go through [`crate::ExactlyOnce`], whose sessions and
+/// sequence numbers the server de-duplicates in its replicated state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RequestId {
     /// Random per [`Client`], chosen at connect time.

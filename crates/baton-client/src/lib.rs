@@ -8,6 +8,8 @@
 //!   ([`RequestId`]), TLS-ready configuration ([`ClientConfig`]); KV ([`Client::get`],
 //!   [`Client::put`], [`Client::delete`], [`Client::txn`] with [`Txn`] / [`Compare`] /
 //!   [`Op`]), leases, and watches that resume after reconnects ([`Client::watch`]).
+//! - [`ExactlyOnce`] (Baton only): writes retried through failovers with one sequence number
+//!   each, applied once by the server's replicated de-duplication table.
 //! - [`Session`]: a lease kept alive every TTL/3, with a local, pessimistic expiry estimate
 //!   (`send time of the last acknowledged keep-alive + TTL × (1 − ρ) − margin`, monotonic
 //!   clock) and [`Session::lost`], which fires *before* the server could expire the lease;
@@ -121,7 +123,8 @@
 //! | [`RwLock`], [`Semaphore`], [`Barrier`], [`DoubleBarrier`], [`Queue`] | client-side recipes over KV/Watch | the same recipes |
 //! | minimum lease TTL | 2 s with default settings (1.5 × election timeout, rounded up) | 2 s with default settings |
 //! | error texts | etcd's, byte for byte; Baton's own start with `baton:` | etcd's |
-//! | request ids ([`RequestId`]) | sent, not yet used for de-duplication | sent, ignored |
+//! | request ids ([`RequestId`]) on plain KV writes | sent as metadata (logged), not de-duplicated: etcd's semantics | sent, ignored |
+//! | exactly-once writes ([`Client::exactly_once`]) | `baton.v1.ExactlyOnce`: retried with the same sequence until answered, applied once | [`Error::Unsupported`] |
 //!
 //! Lock keys use etcd's layout (`<name>/<lease id in hex>`) on both, so `etcdctl lock`
 //! users, etcd's Go recipes and this client queue in the same lines.
@@ -130,8 +133,9 @@
 //!
 //! - TLS: [`ClientConfig::tls`] exists, and setting it fails with
 //!   [`Error::TlsUnsupported`] (Baton serves plain HTTP/2 for now).
-//! - Exactly-once retries of writes: the server does not de-duplicate by [`RequestId`] yet,
-//!   so writes are not retried automatically after `Unavailable`.
+//! - Automatic retries of plain KV writes after `Unavailable`: such a write may have been
+//!   applied, so [`Client::put`] and friends do not retry it; use [`ExactlyOnce`] (Baton
+//!   only) for writes that must survive a failover.
 //! - Authentication (etcd's Auth service).
 
 #![warn(missing_docs)]
@@ -142,6 +146,7 @@ mod client;
 mod config;
 mod election;
 mod error;
+mod exactly_once;
 mod kv;
 mod lease;
 mod monitor;
@@ -172,6 +177,7 @@ pub use client::{Client, RequestId};
 pub use config::{ClientConfig, ServerKind, TlsConfig};
 pub use election::{Election, Leadership, ObserveStream};
 pub use error::{Error, Result};
+pub use exactly_once::{ExactlyOnce, Once, DEFAULT_RETRY_FOR};
 pub use kv::{
     Compare, CompareOp, DeleteOptions, DeleteRangeResponse, GetOptions, Op, PutOptions,
     PutResponse, RangeResponse, SortOrder, SortTarget, Txn, TxnResponse,

@@ -13,8 +13,9 @@ use crate::watch::EventKind;
 /// so each item goes to exactly one consumer.
 ///
 /// Items have no lease: they outlive their producers. A claim whose answer is lost in a
-/// failover may have consumed the item (at-most-once then); the server does not
-/// de-duplicate retries yet (see [`crate::RequestId`]).
+/// failover may have consumed the item (at-most-once then): a claim is a plain etcd txn,
+/// which the server does not de-duplicate (see [`crate::ExactlyOnce`] for writes that it
+/// does).
 ///
 /// ```
 /// # baton_client::testing::doctest(|endpoint| async move {

@@ -17,7 +17,31 @@ for_each_target!(
     deadline_and_failover_from_a_hung_member,
     watch_resumes_after_reconnect,
     revoked_lease_expires_the_session_at_once,
+    exactly_once_writes_are_baton_only,
 );
+
+async fn exactly_once_writes_are_baton_only(t: Target) {
+    let c = t.client().await;
+    let key = unique("once");
+    match c.exactly_once().await {
+        Ok(once) => {
+            assert!(t.baton_v1(), "{t:?} must refuse exactly-once writes");
+            assert!(once.client_id() > 0);
+            for i in 0..3 {
+                let r = once
+                    .put(key.as_str(), i.to_string(), PutOptions::new())
+                    .await
+                    .unwrap();
+                assert!(!r.replayed, "nothing was retried");
+            }
+            let got = c.get(key.as_str(), GetOptions::new()).await.unwrap();
+            assert_eq!(got.kvs[0].version, 3);
+            once.close().await.unwrap();
+        }
+        Err(Error::Unsupported(_)) => assert!(!t.baton_v1(), "{t:?} supports it"),
+        Err(e) => panic!("{t:?}: {e}"),
+    }
+}
 
 async fn failover_to_the_next_endpoint(t: Target) {
     let dead = format!("127.0.0.1:{}", free_port());

@@ -13,6 +13,12 @@ pub const MAX_TXN_OPS: usize = 128;
 pub const MAX_REQUEST_BYTES: usize = 1536 * 1024;
 /// etcd's largest lease TTL, in seconds.
 pub const MAX_LEASE_TTL_S: i64 = 9_000_000_000;
+/// Idle time after which a de-duplication session is forgotten when the client asks for none.
+pub const DEFAULT_CLIENT_TIMEOUT_MS: u64 = 10 * 60 * 1000;
+/// Bounds of a de-duplication session's idle timeout (a request asking for more or less is
+/// clamped): short enough to be useful, long enough to outlive a leader change.
+pub const MIN_CLIENT_TIMEOUT_MS: u64 = 1_000;
+pub const MAX_CLIENT_TIMEOUT_MS: u64 = 24 * 60 * 60 * 1000;
 
 /// One entry of the replicated log as the state machine sees it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -78,6 +84,26 @@ pub enum Command {
     FenceCheck {
         resource: Vec<u8>,
         token: i64,
+    },
+    /// Opens a de-duplication session; its id is this entry's log index (unique, and the same
+    /// on every replica). Sessions idle longer than `timeout_ms` (entry time) are forgotten.
+    RegisterClient {
+        timeout_ms: u64,
+    },
+    /// Closes a de-duplication session (its cached answers are dropped).
+    UnregisterClient {
+        client_id: u64,
+    },
+    /// A client write applied at most once per `(client_id, sequence)`: a retry of an applied
+    /// sequence gets the first answer back and changes nothing. `acknowledged_below` tells
+    /// the cache which answers the client has received (they can be dropped, and retries of
+    /// them are refused). Only `Put`, `DeleteRange`, `Txn` and `FenceCheck` may be wrapped:
+    /// lease and lock commands are idempotent by their own ids.
+    Deduplicated {
+        client_id: u64,
+        sequence: u64,
+        acknowledged_below: u64,
+        command: Box<Command>,
     },
 }
 
@@ -265,6 +291,19 @@ pub enum KvError {
         crate::locks::MAX_FENCE_RESOURCES
     )]
     FenceTableFull,
+    /// The de-duplication session does not exist (never registered, idle past its timeout,
+    /// or evicted). Whether an earlier attempt of the request was applied is unknown.
+    #[error("baton: client session not found (expired or never registered)")]
+    UnknownClient,
+    /// The request's sequence was acknowledged by the client, or its cached answer evicted:
+    /// it cannot be told apart from a duplicate, so it is not applied.
+    #[error("baton: request sequence already acknowledged; use a new sequence number")]
+    StaleSequence,
+    #[error("baton: request sequence must be positive")]
+    InvalidSequence,
+    /// Only plain key-value writes and fence checks carry a sequence.
+    #[error("baton: this request cannot be de-duplicated")]
+    NotDeduplicable,
 }
 
 /// The result of applying one entry.
@@ -313,6 +352,22 @@ pub enum Response {
     FenceCheck {
         accepted: bool,
         highest: i64,
+    },
+    ClientRegistered {
+        client_id: u64,
+        timeout_ms: u64,
+    },
+    /// `existed`: the session was still open.
+    ClientUnregistered {
+        existed: bool,
+    },
+    /// The answer to a `Deduplicated` command: the wrapped command's response and the store
+    /// revision right after it was applied. `replayed`: this request had been applied before,
+    /// and both come from that first application (this entry changed nothing).
+    Deduplicated {
+        replayed: bool,
+        revision: Revision,
+        response: Box<Response>,
     },
     Error(KvError),
 }

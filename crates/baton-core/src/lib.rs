@@ -14,15 +14,19 @@
 //! - history below the compact revision is gone, reads there fail with `Compacted`;
 //! - a lock's holder is the head of its queue (live keys under `<name>/` by create
 //!   revision), so fencing tokens (the holder key's create revision) only grow;
-//! - a fence check accepts a token iff it is `>=` the highest recorded for the resource.
+//! - a fence check accepts a token iff it is `>=` the highest recorded for the resource;
+//! - a `Deduplicated` write is applied at most once per `(client, sequence)`: a retry gets
+//!   the first answer and changes nothing; sessions expire by entry time only.
 //!
 //! Codemap: `command`/`types` are the contract with the raft and server crates; `locks` is
 //! the lock registry (lock-delay, force-release history, queue index) and the fence table;
+//! `clients` (private) holds the de-duplication sessions and their cached answers;
 //! `state_machine` checks then executes each entry; `mvcc` (private) holds every version of
 //! every key plus a revision-ordered change index; `validate` (private) holds etcd's
 //! stateless request checks; `watch` is the node-local watch hub; `crc32` (private) backs
 //! snapshot checksums and `hash_kv`.
 
+mod clients;
 pub mod command;
 mod crc32;
 pub mod locks;
@@ -32,6 +36,7 @@ pub mod types;
 mod validate;
 pub mod watch;
 
+pub use clients::{MAX_CACHED_RESPONSES, MAX_CLIENT_SESSIONS};
 pub use command::*;
 pub use locks::{
     lock_key, lock_name_of, lock_prefix, prefix_end, ForceReleaseRecord, LockInfo, LockSummary,

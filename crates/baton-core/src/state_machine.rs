@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use crate::clients::{CachedResponse, ClientSession, ClientTable, Decision};
 use crate::command::{
     Applied, Command, Compare, CompareResult, CompareTarget, DeleteRangeRequest,
     DeleteRangeResponse, Entry, KvError, PutRequest, PutResponse, RangeRequest, RangeResponse,
@@ -68,9 +69,10 @@ const FIRST_REVISION: i64 = 1;
 
 /// Snapshot format version, the first byte of every snapshot. Bump it when `SnapshotBody`
 /// changes shape; `restore` refuses versions it does not know instead of misreading them.
-/// Format 1 (before locks and fences) is still read, as a state with an empty lock registry
-/// and fence table.
-const SNAPSHOT_FORMAT: u8 = 2;
+/// Formats 1 (before locks and fences) and 2 (before de-duplication sessions) are still read,
+/// as states without those tables.
+const SNAPSHOT_FORMAT: u8 = 3;
+const SNAPSHOT_FORMAT_V2: u8 = 2;
 const SNAPSHOT_FORMAT_V1: u8 = 1;
 
 /// Everything `snapshot` writes, borrowed (so snapshotting does not clone the store).
@@ -85,6 +87,7 @@ struct SnapshotBodyRef<'a> {
     leases: &'a BTreeMap<LeaseId, LeaseRecord>,
     locks: &'a BTreeMap<Vec<u8>, LockRecord>,
     fences: &'a BTreeMap<Vec<u8>, i64>,
+    clients: &'a BTreeMap<u64, ClientSession>,
 }
 
 /// The owned twin of `SnapshotBodyRef`; bincode is positional, so the two must list the same
@@ -100,6 +103,38 @@ struct SnapshotBody {
     leases: BTreeMap<LeaseId, LeaseRecord>,
     locks: BTreeMap<Vec<u8>, LockRecord>,
     fences: BTreeMap<Vec<u8>, i64>,
+    clients: BTreeMap<u64, ClientSession>,
+}
+
+/// Format 2's body: `SnapshotBody` without de-duplication sessions.
+#[derive(Deserialize)]
+struct SnapshotBodyV2 {
+    revision: i64,
+    compact_revision: i64,
+    last_applied: Option<(LogIndex, Term)>,
+    last_time_ms: u64,
+    keys: BTreeMap<Vec<u8>, Vec<Version>>,
+    changes: BTreeMap<i64, Vec<Vec<u8>>>,
+    leases: BTreeMap<LeaseId, LeaseRecord>,
+    locks: BTreeMap<Vec<u8>, LockRecord>,
+    fences: BTreeMap<Vec<u8>, i64>,
+}
+
+impl From<SnapshotBodyV2> for SnapshotBody {
+    fn from(b: SnapshotBodyV2) -> Self {
+        SnapshotBody {
+            revision: b.revision,
+            compact_revision: b.compact_revision,
+            last_applied: b.last_applied,
+            last_time_ms: b.last_time_ms,
+            keys: b.keys,
+            changes: b.changes,
+            leases: b.leases,
+            locks: b.locks,
+            fences: b.fences,
+            clients: BTreeMap::new(),
+        }
+    }
 }
 
 /// Format 1's body: `SnapshotBody` without locks and fences.
@@ -126,6 +161,7 @@ impl From<SnapshotBodyV1> for SnapshotBody {
             leases: b.leases,
             locks: BTreeMap::new(),
             fences: BTreeMap::new(),
+            clients: BTreeMap::new(),
         }
     }
 }
@@ -138,6 +174,8 @@ pub struct StateMachine {
     /// Lock registry (lock-delay, force-release history) and its queue index.
     locks: LockTable,
     fences: FenceTable,
+    /// De-duplication sessions of `Deduplicated` commands.
+    clients: ClientTable,
     revision: i64,
     /// 1 (the empty store) until the first compaction: nothing before it can be lost.
     compact_revision: i64,
@@ -167,6 +205,7 @@ impl StateMachine {
             leases: BTreeMap::new(),
             locks: LockTable::default(),
             fences: FenceTable::default(),
+            clients: ClientTable::default(),
             revision: FIRST_REVISION,
             compact_revision: FIRST_REVISION,
             last_applied: None,
@@ -195,7 +234,11 @@ impl StateMachine {
         };
         let response = match self.apply_command(&entry.command, &mut w) {
             Ok(r) => {
-                self.collect_idle_locks(&entry.command, &w.events);
+                let cmd = match &entry.command {
+                    Command::Deduplicated { command, .. } => command,
+                    other => other,
+                };
+                self.collect_idle_locks(cmd, &w.events);
                 r
             }
             Err(e) => {
@@ -379,7 +422,75 @@ impl StateMachine {
                     })
                 }
             },
+            Command::RegisterClient { timeout_ms } => {
+                let (index, _) = self.last_applied.expect("set before apply_command");
+                // Index 0 never carries a client command in practice (openraft starts at 1);
+                // keep ids non-zero regardless, 0 meaning "no session" on the wire.
+                let client_id = index.0.max(1);
+                let timeout_ms = self
+                    .clients
+                    .register(client_id, *timeout_ms, self.last_time_ms);
+                Ok(Response::ClientRegistered {
+                    client_id,
+                    timeout_ms,
+                })
+            }
+            Command::UnregisterClient { client_id } => Ok(Response::ClientUnregistered {
+                existed: self.clients.unregister(*client_id),
+            }),
+            Command::Deduplicated {
+                client_id,
+                sequence,
+                acknowledged_below,
+                command,
+            } => {
+                let decision = self.clients.decide(
+                    *client_id,
+                    *sequence,
+                    *acknowledged_below,
+                    self.last_time_ms,
+                );
+                match decision {
+                    Decision::UnknownClient => Err(KvError::UnknownClient),
+                    Decision::Stale => Err(KvError::StaleSequence),
+                    Decision::Replay(cached) => Ok(Response::Deduplicated {
+                        replayed: true,
+                        revision: Revision(cached.revision),
+                        response: Box::new(cached.response),
+                    }),
+                    Decision::Apply => {
+                        // The wrapped command's own failure is an answer like any other: it is
+                        // cached, so a retry gets the same error instead of a second attempt.
+                        let response = self
+                            .apply_command(command, w)
+                            .unwrap_or_else(Response::Error);
+                        let revision = if w.events.is_empty() {
+                            self.revision
+                        } else {
+                            w.rev
+                        };
+                        self.clients.record(
+                            *client_id,
+                            *sequence,
+                            CachedResponse {
+                                revision,
+                                response: response.clone(),
+                            },
+                        );
+                        Ok(Response::Deduplicated {
+                            replayed: false,
+                            revision: Revision(revision),
+                            response: Box::new(response),
+                        })
+                    }
+                }
+            }
         }
+    }
+
+    /// Number of open de-duplication sessions (for status and metrics).
+    pub fn client_sessions(&self) -> usize {
+        self.clients.len()
     }
 
     /// Registers lock `name` (with its current queue) unless it is; when the registry is
@@ -704,6 +815,7 @@ impl StateMachine {
             leases: &self.leases,
             locks: self.locks.records(),
             fences: self.fences.map(),
+            clients: self.clients.map(),
         };
         let payload = bincode::serialize(&body).expect("in-memory state always serializes");
         let mut out = Vec::with_capacity(payload.len() + 5);
@@ -719,7 +831,7 @@ impl StateMachine {
         let (&format, rest) = bytes
             .split_first()
             .ok_or_else(|| err("empty snapshot".into()))?;
-        if format != SNAPSHOT_FORMAT && format != SNAPSHOT_FORMAT_V1 {
+        if ![SNAPSHOT_FORMAT, SNAPSHOT_FORMAT_V2, SNAPSHOT_FORMAT_V1].contains(&format) {
             return Err(err(format!("unknown snapshot format {format}")));
         }
         if rest.len() < 4 {
@@ -732,6 +844,10 @@ impl StateMachine {
         }
         let body: SnapshotBody = if format == SNAPSHOT_FORMAT_V1 {
             bincode::deserialize::<SnapshotBodyV1>(payload)
+                .map_err(|e| err(e.to_string()))?
+                .into()
+        } else if format == SNAPSHOT_FORMAT_V2 {
+            bincode::deserialize::<SnapshotBodyV2>(payload)
                 .map_err(|e| err(e.to_string()))?
                 .into()
         } else {
@@ -747,6 +863,7 @@ impl StateMachine {
             leases: body.leases,
             locks: LockTable::default(),
             fences: FenceTable::from_map(body.fences),
+            clients: ClientTable::from_map(body.clients),
             revision: body.revision,
             compact_revision: body.compact_revision,
             last_applied: body.last_applied,
@@ -795,6 +912,7 @@ impl StateMachine {
         }
         self.locks.check_invariants(|name| self.scan_queue(name))?;
         self.fences.check_invariants()?;
+        self.clients.check_invariants()?;
         Ok(())
     }
 
@@ -1445,10 +1563,11 @@ mod tests {
             leases: &sm.leases,
             locks: &BTreeMap::new(),
             fences: &BTreeMap::new(),
+            clients: &BTreeMap::new(),
         };
-        // Format 1 is format 2 without the two trailing maps (bincode is positional).
+        // Format 1 is format 3 without the three trailing maps (bincode is positional).
         let full = bincode::serialize(&body).expect("serialize");
-        let payload = &full[..full.len() - 16];
+        let payload = &full[..full.len() - 24];
         let mut v1 = vec![SNAPSHOT_FORMAT_V1];
         v1.extend_from_slice(&crc32(payload).to_le_bytes());
         v1.extend_from_slice(payload);

@@ -76,6 +76,21 @@ pub(crate) fn validate(cmd: &Command) -> Result<(), KvError> {
             }
             Ok(())
         }
+        Command::RegisterClient { .. } | Command::UnregisterClient { .. } => Ok(()),
+        Command::Deduplicated {
+            sequence, command, ..
+        } => {
+            if *sequence == 0 {
+                return Err(KvError::InvalidSequence);
+            }
+            match **command {
+                Command::Put(_)
+                | Command::DeleteRange(_)
+                | Command::Txn(_)
+                | Command::FenceCheck { .. } => validate(command),
+                _ => Err(KvError::NotDeduplicable),
+            }
+        }
     }
 }
 

@@ -32,6 +32,16 @@ struct ModelLease {
     checkpoint_ms: Option<i64>,
 }
 
+/// A de-duplication session: every answer ever given (the model never forgets one), and the
+/// sequences below `acked` count as acknowledged.
+#[derive(Clone)]
+struct ModelSession {
+    timeout_ms: u64,
+    last_ms: u64,
+    acked: u64,
+    answers: BTreeMap<u64, (Revision, Response)>,
+}
+
 #[derive(Clone, Default)]
 struct ModelLock {
     delay_ms: u64,
@@ -77,6 +87,8 @@ struct Model {
     compact: i64,
     locks: BTreeMap<Vec<u8>, ModelLock>,
     fences: BTreeMap<Vec<u8>, i64>,
+    /// De-duplication sessions by id.
+    sessions: BTreeMap<u64, ModelSession>,
     /// Coverage counters: registry entries collected, lock-delays started.
     collected: usize,
     delays_started: usize,
@@ -159,6 +171,7 @@ impl Model {
             compact: 1,
             locks: BTreeMap::new(),
             fences: BTreeMap::new(),
+            sessions: BTreeMap::new(),
             collected: 0,
             delays_started: 0,
         }
@@ -369,6 +382,100 @@ impl Model {
                 },
                 prev_kv: false,
             });
+        }
+    }
+
+    /// Applies the command of entry `index`: the de-duplication commands here, everything else
+    /// through `apply`.
+    fn apply_entry(
+        &mut self,
+        cmd: &Command,
+        index: u64,
+        now_ms: u64,
+    ) -> (Revision, Response, Vec<Event>) {
+        let current = Revision(self.rev());
+        let unchanged = |r: Response| (current, r, Vec::new());
+        match cmd {
+            Command::RegisterClient { timeout_ms } => {
+                let timeout_ms = (*timeout_ms).clamp(MIN_CLIENT_TIMEOUT_MS, MAX_CLIENT_TIMEOUT_MS);
+                self.sessions
+                    .retain(|_, s| now_ms.saturating_sub(s.last_ms) <= s.timeout_ms);
+                self.sessions.insert(
+                    index,
+                    ModelSession {
+                        timeout_ms,
+                        last_ms: now_ms,
+                        acked: 1,
+                        answers: BTreeMap::new(),
+                    },
+                );
+                unchanged(Response::ClientRegistered {
+                    client_id: index,
+                    timeout_ms,
+                })
+            }
+            Command::UnregisterClient { client_id } => unchanged(Response::ClientUnregistered {
+                existed: self.sessions.remove(client_id).is_some(),
+            }),
+            Command::Deduplicated {
+                client_id,
+                sequence,
+                acknowledged_below,
+                command,
+            } => {
+                if *sequence == 0 {
+                    return unchanged(Response::Error(KvError::InvalidSequence));
+                }
+                if !matches!(
+                    **command,
+                    Command::Put(_)
+                        | Command::DeleteRange(_)
+                        | Command::Txn(_)
+                        | Command::FenceCheck { .. }
+                ) {
+                    return unchanged(Response::Error(KvError::NotDeduplicable));
+                }
+                // Stateless checks of the wrapped request fail the whole request (nothing is
+                // cached: a retry fails the same way anyway).
+                if let Err(e) = StateMachine::validate(command) {
+                    return unchanged(Response::Error(e));
+                }
+                let Some(s) = self.sessions.get_mut(client_id) else {
+                    return unchanged(Response::Error(KvError::UnknownClient));
+                };
+                if now_ms.saturating_sub(s.last_ms) > s.timeout_ms {
+                    self.sessions.remove(client_id);
+                    return unchanged(Response::Error(KvError::UnknownClient));
+                }
+                s.last_ms = now_ms;
+                s.acked = s.acked.max((*acknowledged_below).min(*sequence));
+                if *sequence < s.acked {
+                    return unchanged(Response::Error(KvError::StaleSequence));
+                }
+                if let Some((revision, response)) = s.answers.get(sequence).cloned() {
+                    return unchanged(Response::Deduplicated {
+                        replayed: true,
+                        revision,
+                        response: Box::new(response),
+                    });
+                }
+                let (revision, response, events) = self.apply(command, now_ms);
+                self.sessions
+                    .get_mut(client_id)
+                    .expect("still there")
+                    .answers
+                    .insert(*sequence, (revision, response.clone()));
+                (
+                    revision,
+                    Response::Deduplicated {
+                        replayed: false,
+                        revision,
+                        response: Box::new(response),
+                    },
+                    events,
+                )
+            }
+            other => self.apply(other, now_ms),
         }
     }
 
@@ -605,6 +712,9 @@ impl Model {
                 }
                 Ok(Response::LeaseCheckpoint)
             }
+            Command::RegisterClient { .. }
+            | Command::UnregisterClient { .. }
+            | Command::Deduplicated { .. } => unreachable!("apply_entry handles sessions"),
         })();
         let Work {
             rev, cur, events, ..
@@ -762,6 +872,9 @@ const RESOURCES: &[&str] = &["r1", "r2"];
 
 struct Gen {
     rng: StdRng,
+    /// Highest sequence used per de-duplication session, so most requests are new and
+    /// some are retries (replays), acknowledged ones (stale) or out of order.
+    sequences: BTreeMap<u64, u64>,
 }
 
 impl Gen {
@@ -1005,7 +1118,56 @@ impl Gen {
                 },
                 token: self.rng.gen_range(-1..=current.min(40)),
             },
+            120 => Command::RegisterClient {
+                timeout_ms: self.rng.gen_range(0..600_000),
+            },
+            121 if self.rng.gen_ratio(1, 4) => Command::UnregisterClient {
+                client_id: self.client(m),
+            },
+            121..=124 => self.deduplicated(m, current),
             _ => Command::Noop,
+        }
+    }
+
+    /// A known session mostly, sometimes one that never existed.
+    fn client(&mut self, m: &Model) -> u64 {
+        let ids: Vec<u64> = m.sessions.keys().copied().collect();
+        if ids.is_empty() || self.rng.gen_ratio(1, 10) {
+            self.rng.gen_range(1..5000)
+        } else {
+            ids[self.rng.gen_range(0..ids.len())]
+        }
+    }
+
+    fn deduplicated(&mut self, m: &Model, current: i64) -> Command {
+        let client_id = self.client(m);
+        let last = self.sequences.get(&client_id).copied().unwrap_or(0);
+        let sequence = match self.rng.gen_range(0..10) {
+            0..=5 => last + 1,
+            6 if self.rng.gen_ratio(1, 5) => 0,
+            _ => self.rng.gen_range(last.saturating_sub(3)..=last),
+        };
+        self.sequences.insert(client_id, last.max(sequence));
+        let command = match self.rng.gen_range(0..10) {
+            0..=3 => Command::Put(self.put()),
+            4 => Command::DeleteRange(DeleteRangeRequest {
+                range: self.range(),
+                prev_kv: self.rng.gen_bool(0.5),
+            }),
+            5..=7 => Command::Txn(self.txn(current, 0)),
+            8 => Command::FenceCheck {
+                resource: RESOURCES[self.rng.gen_range(0..RESOURCES.len())].into(),
+                token: self.rng.gen_range(1..=current.clamp(1, 40)),
+            },
+            _ => Command::LeaseRevoke {
+                id: LeaseId(self.rng.gen_range(1..9)),
+            },
+        };
+        Command::Deduplicated {
+            client_id,
+            sequence,
+            acknowledged_below: self.rng.gen_range(0..=sequence),
+            command: Box::new(command),
         }
     }
 }
@@ -1117,12 +1279,18 @@ fn outcome(a: &Applied) -> String {
             format!("lock force-release released={}", released.is_some())
         }
         Response::FenceCheck { accepted, .. } => format!("fence accepted={accepted}"),
+        Response::ClientRegistered { .. } => "client registered".into(),
+        Response::ClientUnregistered { existed } => {
+            format!("client unregistered existed={existed}")
+        }
+        Response::Deduplicated { replayed, .. } => format!("deduplicated replayed={replayed}"),
     }
 }
 
 fn run_seed(seed: u64, steps: usize, outcomes: &mut BTreeMap<String, usize>) -> (usize, usize) {
     let mut g = Gen {
         rng: StdRng::seed_from_u64(seed),
+        sequences: BTreeMap::new(),
     };
     let mut sm = StateMachine::new();
     let mut m = Model::new();
@@ -1155,7 +1323,7 @@ fn run_seed(seed: u64, steps: usize, outcomes: &mut BTreeMap<String, usize>) -> 
         };
         let applied = sm.apply(&entry);
         *outcomes.entry(outcome(&applied)).or_default() += 1;
-        let (rev, response, events) = m.apply(&cmd, entry.time_ms);
+        let (rev, response, events) = m.apply_entry(&cmd, entry.index.0, entry.time_ms);
         assert_eq!(applied.response, response, "{ctx}: response to {cmd:?}");
         assert_eq!(applied.events, events, "{ctx}: events of {cmd:?}");
         assert_eq!(applied.revision, rev, "{ctx}: revision after {cmd:?}");
@@ -1166,7 +1334,11 @@ fn run_seed(seed: u64, steps: usize, outcomes: &mut BTreeMap<String, usize>) -> 
                 "{ctx}: validate vs apply"
             );
         }
-        if matches!(&applied.response, Response::Txn(_)) && !events.is_empty() {
+        let inner = match &applied.response {
+            Response::Deduplicated { response, .. } => response,
+            r => r,
+        };
+        if matches!(inner, Response::Txn(_)) && !events.is_empty() {
             succeeded_txns += 1;
         }
         sm.check_invariants()
@@ -1189,7 +1361,7 @@ fn run_seed(seed: u64, steps: usize, outcomes: &mut BTreeMap<String, usize>) -> 
     }
     // The generator must actually exercise writing txns, not just refused ones.
     assert!(
-        succeeded_txns > steps / 30,
+        succeeded_txns > steps / 40,
         "seed {seed}: only {succeeded_txns} writing txns"
     );
     (m.collected, m.delays_started)
@@ -1241,6 +1413,14 @@ fn model_seeds() {
         "lease expired a lock holder",
         "fence accepted=true",
         "fence accepted=false",
+        "client registered",
+        "client unregistered existed=true",
+        "deduplicated replayed=false",
+        "deduplicated replayed=true",
+        "error UnknownClient",
+        "error StaleSequence",
+        "error InvalidSequence",
+        "error NotDeduplicable",
     ];
     for m in must {
         assert!(

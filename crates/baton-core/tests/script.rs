@@ -28,6 +28,9 @@
 //!   `lock-force NAME [--token=N] REASON…`, `lock NAME [--max=N]` (queue and registry record),
 //!   `lock-pred NAME REV KEY`, `fence RESOURCE TOKEN`, `fence-get RESOURCE`, `advance MS`
 //!   (moves the leader clock forward: entry `i` is stamped `i * 100 + advanced`)
+//! - de-duplication: `client-register TIMEOUT_MS`, `client-unregister ID`, `clients`,
+//!   `dedup CLIENT SEQ ACK CMD…` (CMD: a `put`, `del`, `fence` or any other one-line command,
+//!   wrapped in `Command::Deduplicated`)
 //! - `watch-hub MAX_PENDING` (new hub), `watch NAME K [RANGE] [--rev=N] [--no-put]
 //!   [--no-delete] [--prev-kv]`, `watch-take NAME [--max=N]`, `watch-cancel NAME`,
 //!   `watch-synced NAME`
@@ -745,6 +748,84 @@ impl Runner {
                     _ => String::new(),
                 };
                 result(&mut out, &applied, ok);
+            }
+            "client-register" => {
+                let timeout_ms = a.pos_num(0) as u64;
+                a.done();
+                let applied = self.apply(Command::RegisterClient { timeout_ms });
+                let ok = match &applied.response {
+                    Response::ClientRegistered {
+                        client_id,
+                        timeout_ms,
+                    } => format!(" client={client_id} timeout={timeout_ms}"),
+                    _ => String::new(),
+                };
+                result(&mut out, &applied, ok);
+            }
+            "client-unregister" => {
+                let client_id = a.pos_num(0) as u64;
+                a.done();
+                let applied = self.apply(Command::UnregisterClient { client_id });
+                let ok = match &applied.response {
+                    Response::ClientUnregistered { existed } => format!(" existed={existed}"),
+                    _ => String::new(),
+                };
+                result(&mut out, &applied, ok);
+            }
+            "clients" => {
+                a.done();
+                out.push(format!("sessions={}", self.sm.client_sessions()));
+            }
+            "dedup" => {
+                let words: Vec<&str> = first.split_whitespace().collect();
+                assert!(words.len() > 4, "dedup CLIENT SEQ ACK CMD…");
+                let num = |i: usize| words[i].parse::<u64>().expect("dedup: number");
+                let mut inner = Args::parse(&words[4..].join(" "));
+                let command = match inner.cmd.as_str() {
+                    "put" => Command::Put(parse_put(&mut inner)),
+                    "del" => Command::DeleteRange(parse_del(&mut inner)),
+                    "fence" => Command::FenceCheck {
+                        resource: parse_bytes(inner.pos(0)),
+                        token: inner.pos_num(1),
+                    },
+                    "lease-revoke" => Command::LeaseRevoke {
+                        id: LeaseId(inner.pos_num(0)),
+                    },
+                    other => panic!("dedup: unsupported inner command {other}"),
+                };
+                inner.done();
+                let applied = self.apply(Command::Deduplicated {
+                    client_id: num(1),
+                    sequence: num(2),
+                    acknowledged_below: num(3),
+                    command: Box::new(command),
+                });
+                match &applied.response {
+                    Response::Deduplicated {
+                        replayed,
+                        revision,
+                        response,
+                    } => {
+                        out.push(format!(
+                            "rev={} replayed={replayed} at={}",
+                            applied.revision.0, revision.0
+                        ));
+                        match &**response {
+                            Response::Put(r) => print_put(&mut out, "  ", "", r),
+                            Response::DeleteRange(r) => print_delete(&mut out, "  ", "", r),
+                            Response::FenceCheck { accepted, highest } => {
+                                out.push(format!("  accepted={accepted} highest={highest}"))
+                            }
+                            Response::Error(e) => out.push(format!("  error: {e}")),
+                            r => panic!("unexpected {r:?}"),
+                        }
+                    }
+                    Response::Error(e) => {
+                        out.push(format!("rev={} error: {e}", applied.revision.0))
+                    }
+                    r => panic!("unexpected {r:?}"),
+                }
+                Self::print_applied(&mut out, &applied);
             }
             "fence-get" => {
                 let resource = parse_bytes(a.pos(0));

@@ -50,6 +50,10 @@ pub fn kv_status(err: &KvError) -> Status {
         | KvError::LockDelayTooLong => Code::InvalidArgument,
         KvError::NotHolder => Code::FailedPrecondition,
         KvError::LockRegistryFull | KvError::FenceTableFull => Code::ResourceExhausted,
+        // The session is gone or the sequence acknowledged: retrying the same request
+        // cannot succeed, and whether an earlier attempt was applied is unknown.
+        KvError::UnknownClient | KvError::StaleSequence => Code::FailedPrecondition,
+        KvError::InvalidSequence | KvError::NotDeduplicable => Code::InvalidArgument,
     };
     Status::new(code, err.to_string())
 }

@@ -16,6 +16,7 @@ pub mod cluster;
 pub mod convert;
 pub mod election;
 pub mod errors;
+pub mod exactly_once;
 pub mod http;
 pub mod kv;
 pub mod lease;
@@ -124,7 +125,9 @@ pub async fn serve_with_locks(
     metrics: metrics_exporter_prometheus::PrometheusHandle,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    use baton_proto::baton::v1::{fence_server::FenceServer, lock_server::LockServer};
+    use baton_proto::baton::v1::{
+        exactly_once_server::ExactlyOnceServer, fence_server::FenceServer, lock_server::LockServer,
+    };
     use baton_proto::etcdserverpb::{
         auth_server::AuthServer, cluster_server::ClusterServer, kv_server::KvServer,
         lease_server::LeaseServer, maintenance_server::MaintenanceServer,
@@ -202,6 +205,12 @@ pub async fn serve_with_locks(
             .add_service(
                 FenceServer::new(baton_v1::FenceService {
                     engine: locks.clone(),
+                })
+                .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
+            )
+            .add_service(
+                ExactlyOnceServer::new(exactly_once::ExactlyOnceService {
+                    shared: shared.clone(),
                 })
                 .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
             );
