@@ -729,6 +729,33 @@ impl Node {
         clock.alive(id, Instant::now()).unwrap_or(true)
     }
 
+    /// The last check before a lock grant to `lease`: the leader confirms its leadership with
+    /// a quorum (ReadIndex) and then judges the lease on its lease clock — the only clock
+    /// that sees keep-alives — and this replica waits until it has applied everything the
+    /// leader had committed. `Ok(false)`: the lease is gone or past its deadline.
+    ///
+    /// Why not [`Node::lease_alive`]: on a follower it knows only that the lease exists
+    /// (deadlines live on the leader), and on a deposed leader that has not noticed yet its
+    /// clock may still see keep-alives that the real leader never got; either could grant a
+    /// lock to a holder the cluster already expired.
+    pub async fn confirm_grant(&self, lease: LeaseId) -> Result<bool, ProposeError> {
+        let inner = &self.inner;
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        let (index, alive) = match inner
+            .route(LeaderRequest::GrantCheck(lease), deadline)
+            .await?
+        {
+            Routed::Local(_) => inner.grant_check_local(lease).await?,
+            Routed::Remote(LeaderResponse::GrantCheck {
+                read_index,
+                lease_alive,
+            }) => (read_index, lease_alive),
+            Routed::Remote(other) => return Err(unexpected_answer(other)),
+        };
+        inner.wait_applied(index, deadline).await?;
+        Ok(alive)
+    }
+
     /// Leader time now, on the scale of `Entry::time_ms` (wall-clock milliseconds, never
     /// below the last applied stamp): what the next entry proposed here would at least be
     /// stamped with. Deadlines the core records (lock-delay) are compared against it.
@@ -1130,6 +1157,21 @@ impl Inner {
         }
     }
 
+    /// The leader's half of [`Node::confirm_grant`]: leadership first, then the lease clock
+    /// (a lease judged alive by a leader that has just confirmed it still leads).
+    async fn grant_check_local(&self, lease: LeaseId) -> Result<(u64, bool), ProposeError> {
+        let index = self.read_index_local().await?;
+        let exists = self.shared.state.read().sm.lease_exists(lease);
+        let alive = exists
+            && self
+                .shared
+                .leases
+                .lock()
+                .alive(lease, Instant::now())
+                .unwrap_or(true);
+        Ok((index, alive))
+    }
+
     /// The leader's half of TimeToLive.
     fn time_to_live_local(&self, id: LeaseId) -> Result<Option<i64>, ProposeError> {
         self.check_running()?;
@@ -1210,6 +1252,14 @@ impl Inner {
                 .publish_local(id, member)
                 .await
                 .map(|()| LeaderResponse::Published),
+            LeaderRequest::GrantCheck(lease) => {
+                self.grant_check_local(lease)
+                    .await
+                    .map(|(read_index, lease_alive)| LeaderResponse::GrantCheck {
+                        read_index,
+                        lease_alive,
+                    })
+            }
         };
         res.unwrap_or_else(LeaderResponse::Failed)
     }

@@ -65,6 +65,9 @@ pub(crate) enum LeaderRequest {
     TimeToLive(LeaseId),
     /// Record the sender's name and client URLs in the membership (its peer URLs are kept).
     Publish { id: u64, member: Member },
+    /// Before a lock grant: confirm leadership (ReadIndex), then say whether the lease is
+    /// alive on the leader's lease clock.
+    GrantCheck(LeaseId),
 }
 
 impl LeaderRequest {
@@ -84,6 +87,7 @@ pub(crate) enum LeaderResponse {
     KeepAlive(KeepAlive),
     TimeToLive(Option<i64>),
     Published,
+    GrantCheck { read_index: u64, lease_alive: bool },
     Failed(ProposeError),
 }
 

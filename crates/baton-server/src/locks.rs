@@ -532,11 +532,18 @@ impl Engine {
                         // Re-check everything: the delay may have been extended meanwhile.
                         continue;
                     }
-                    if !node.lease_alive(spec.lease) {
+                    // Leadership confirmed by a quorum and the lease judged by the leader's
+                    // clock, so neither a follower nor a deposed leader grants to a lease
+                    // the cluster has expired (etcd#11456).
+                    if !node
+                        .confirm_grant(spec.lease)
+                        .await
+                        .map_err(|e| crate::errors::propose_status(&e))?
+                    {
                         return Err(lock_status(&LockError::LeaseExpired));
                     }
-                    // The lease check took its own lock; confirm the head once more so what
-                    // is granted is what is there after it.
+                    // The check waited; confirm the head once more so what is granted is
+                    // what is there after it.
                     match node.read(|sm| turn(sm, &spec.name, &mine.key, rev)) {
                         Turn::Head {
                             me,
