@@ -123,6 +123,15 @@ impl LeaseClock {
         self.ready_term = Some(term);
     }
 
+    /// Pushes every deadline `by` later: the leader's lease duties did not run for that long
+    /// (the process was paused, starved or stuck), and neither could its clients' keep-alives
+    /// be served; the stall must not count against them.
+    pub(crate) fn extend_all(&mut self, by: Duration) {
+        for t in self.leases.values_mut() {
+            t.deadline = t.deadline.and_then(|d| d.checked_add(by));
+        }
+    }
+
     /// Forgets leadership (on stepping down): a later term must rebuild.
     pub(crate) fn step_down(&mut self) {
         self.ready_term = None;
@@ -246,6 +255,23 @@ impl LeaseClock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stall_extends_every_deadline() {
+        let mut c = LeaseClock::default();
+        let t0 = Instant::now();
+        let id = LeaseId(9);
+        c.on_applied(
+            &Command::LeaseGrant { id, ttl_s: 2 },
+            &Response::LeaseGrant { id, ttl_s: 2 },
+            t0,
+        );
+        let after_deadline = t0 + Duration::from_secs(3);
+        assert_eq!(c.alive(id, after_deadline), Some(false));
+        c.extend_all(Duration::from_secs(2));
+        assert_eq!(c.alive(id, after_deadline), Some(true));
+        assert!(c.take_expired(after_deadline, 10).is_empty());
+    }
 
     #[test]
     fn grant_renew_expire() {

@@ -236,6 +236,9 @@ const PUBLISH_RETRY_MIN: Duration = Duration::from_millis(100);
 const PUBLISH_RETRY_MAX: Duration = Duration::from_secs(2);
 /// Lease clock resolution: a lease expires at most this much after its deadline.
 const LEASE_TICK: Duration = Duration::from_millis(100);
+/// A gap between two lease ticks longer than this means the leader stalled (paused, starved,
+/// stuck): the gap is added to every deadline before anything is expired (etcd#15247).
+const LEASE_STALL: Duration = Duration::from_millis(300);
 /// Bounds one `ExpireLeases` entry (an entry is fsynced and applied as one unit).
 const MAX_EXPIRE_IDS_PER_ENTRY: usize = 1000;
 /// Bounds the expiry work of one tick, so a mass expiry cannot monopolize the log.
@@ -266,6 +269,11 @@ struct Inner {
     proposer: Proposer,
     shutting_down: Arc<AtomicBool>,
     tasks: parking_lot::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// `(term, when)`: the start of the last ReadIndex round that confirmed this member's
+    /// leadership with a quorum. Keep-alives are acknowledged only while it is recent.
+    leadership_confirmed: parking_lot::Mutex<Option<(u64, Instant)>>,
+    /// One leadership confirmation in flight at a time; concurrent keep-alives share it.
+    confirming: tokio::sync::Mutex<()>,
     /// Holds the data directory's advisory lock until `shutdown` has stopped every writer
     /// (or the replica is dropped), so a restarted replica in the same process can take it.
     dir_lock: parking_lot::Mutex<Option<fs::File>>,
@@ -552,6 +560,8 @@ impl Node {
                 proposer,
                 shutting_down,
                 tasks: parking_lot::Mutex::new(vec![proposer_task]),
+                leadership_confirmed: parking_lot::Mutex::new(None),
+                confirming: tokio::sync::Mutex::new(()),
                 dir_lock: parking_lot::Mutex::new(Some(dir_lock)),
             }),
         };
@@ -681,7 +691,7 @@ impl Node {
             .route(LeaderRequest::KeepAlive(id), deadline)
             .await?
         {
-            Routed::Local(_) => self.lease_keep_alive(id),
+            Routed::Local(_) => self.inner.keep_alive_confirmed(id).await,
             Routed::Remote(LeaderResponse::KeepAlive(k)) => Ok(k),
             Routed::Remote(other) => Err(unexpected_answer(other)),
         }
@@ -704,7 +714,8 @@ impl Node {
     }
 
     /// Renews a lease on this replica's lease clock; fails with `NotLeader` on a follower
-    /// (use [`Node::renew_lease`] to reach the leader from anywhere).
+    /// (use [`Node::renew_lease`] to reach the leader from anywhere). Unlike `renew_lease`, it
+    /// does not confirm leadership with a quorum first (tests and tools only).
     pub fn lease_keep_alive(&self, id: LeaseId) -> Result<KeepAlive, ProposeError> {
         self.inner.keep_alive_local(id)
     }
@@ -1157,6 +1168,41 @@ impl Inner {
         }
     }
 
+    /// A keep-alive acknowledged only by a leader that a quorum confirmed within the last
+    /// heartbeat interval (etcd's `ensureLeadership`, the fix of etcd#15247). A leader cut
+    /// off from its peers — partitioned, or stuck and deposed without noticing — still
+    /// believes it leads; acknowledging renewals there would tell clients their leases live
+    /// while the real leader expires them. The confirmation is shared: at most one ReadIndex
+    /// round per heartbeat interval, however many keep-alives arrive.
+    async fn keep_alive_confirmed(
+        self: &Arc<Self>,
+        id: LeaseId,
+    ) -> Result<KeepAlive, ProposeError> {
+        self.ensure_leadership().await?;
+        self.keep_alive_local(id)
+    }
+
+    async fn ensure_leadership(&self) -> Result<(), ProposeError> {
+        let fresh = || {
+            let term = self.raft.metrics().borrow().current_term;
+            self.leadership_confirmed
+                .lock()
+                .is_some_and(|(t, at)| t == term && at.elapsed() < self.config.heartbeat_interval)
+        };
+        if fresh() {
+            return Ok(());
+        }
+        let _one = self.confirming.lock().await;
+        if fresh() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let term = self.raft.metrics().borrow().current_term;
+        self.read_index_local().await?;
+        *self.leadership_confirmed.lock() = Some((term, started));
+        Ok(())
+    }
+
     /// The leader's half of [`Node::confirm_grant`]: leadership first, then the lease clock
     /// (a lease judged alive by a leader that has just confirmed it still leads).
     async fn grant_check_local(&self, lease: LeaseId) -> Result<(u64, bool), ProposeError> {
@@ -1242,9 +1288,10 @@ impl Inner {
             LeaderRequest::ReadIndex => {
                 self.read_index_local().await.map(LeaderResponse::ReadIndex)
             }
-            LeaderRequest::KeepAlive(id) => {
-                self.keep_alive_local(id).map(LeaderResponse::KeepAlive)
-            }
+            LeaderRequest::KeepAlive(id) => self
+                .keep_alive_confirmed(id)
+                .await
+                .map(LeaderResponse::KeepAlive),
             LeaderRequest::TimeToLive(id) => {
                 self.time_to_live_local(id).map(LeaderResponse::TimeToLive)
             }
@@ -1489,12 +1536,23 @@ async fn lease_loop(node: Weak<Inner>) {
     let mut tick = tokio::time::interval(LEASE_TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_checkpoint = Instant::now();
+    let mut last_tick = Instant::now();
     loop {
         tick.tick().await;
         let Some(inner) = node.upgrade() else { return };
         if inner.shutting_down.load(Ordering::Acquire) {
             return;
         }
+        let gap = last_tick.elapsed();
+        if gap > LEASE_STALL {
+            // Nothing ran for `gap`: neither expiry nor the keep-alives that would have
+            // renewed. Give the clients that time back before judging any deadline.
+            let by = gap - LEASE_TICK;
+            inner.shared.leases.lock().extend_all(by);
+            tracing::warn!(stalled = ?gap, "lease duties stalled; extended every lease deadline by the stall");
+            metrics::counter!("baton_lease_stalls_total").increment(1);
+        }
         inner.lease_tick(&mut last_checkpoint).await;
+        last_tick = Instant::now();
     }
 }
