@@ -87,6 +87,9 @@ pub struct NodeConfig {
     pub max_pending_watch_events: usize,
     /// Take a snapshot (and purge the log before it) after this many applied entries.
     pub snapshot_every_entries: u64,
+    /// How often the leader records the remaining TTL of leases longer than this interval
+    /// in the log, so a new leader continues their countdown instead of restarting it.
+    pub lease_checkpoint_interval: Duration,
     /// Member of a multi-member cluster (`--initial-cluster` given); `None`: a single-member
     /// cluster with random ids and no peer listener, as before clusters existed.
     pub cluster: Option<ClusterConfig>,
@@ -104,6 +107,7 @@ impl NodeConfig {
             election_timeout: Duration::from_millis(1000),
             max_pending_watch_events: 1024,
             snapshot_every_entries: 10_000,
+            lease_checkpoint_interval: DEFAULT_LEASE_CHECKPOINT_INTERVAL,
             cluster: None,
         }
     }
@@ -245,7 +249,7 @@ const MAX_EXPIRE_IDS_PER_ENTRY: usize = 1000;
 const MAX_EXPIRE_ENTRIES_PER_TICK: usize = 16;
 /// etcd's lease checkpoint interval: remaining TTLs of long leases are written to the log this
 /// often so a new leader does not renew them blindly.
-const LEASE_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(300);
+pub const DEFAULT_LEASE_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(300);
 /// Bounds one `LeaseCheckpoint` entry.
 const MAX_CHECKPOINTS_PER_ENTRY: usize = 1000;
 
@@ -1450,9 +1454,10 @@ impl Inner {
                 }
             }
         }
-        if last_checkpoint.elapsed() >= LEASE_CHECKPOINT_INTERVAL {
+        let interval = self.config.lease_checkpoint_interval;
+        if last_checkpoint.elapsed() >= interval {
             *last_checkpoint = Instant::now();
-            let min_ttl_s = LEASE_CHECKPOINT_INTERVAL.as_secs() as i64;
+            let min_ttl_s = interval.as_secs() as i64;
             let checkpoints = self
                 .shared
                 .leases

@@ -57,6 +57,11 @@ pub struct ServeArgs {
     /// Take a snapshot and trim the log after this many entries.
     #[arg(long, default_value_t = 10_000)]
     snapshot_count: u64,
+    /// How often (milliseconds) the leader writes the remaining TTL of leases longer than
+    /// this interval to the log, so a new leader continues their countdown (etcd's lease
+    /// checkpoints, always on here). Lower it only to test failovers.
+    #[arg(long, default_value_t = 300_000, value_parser = clap::value_parser!(u64).range(100..))]
+    experimental_lease_checkpoint_interval: u64,
     /// Interval of progress notifications to watchers that ask for them, in seconds.
     #[arg(long, default_value_t = 600)]
     watch_progress_notify_interval: u64,
@@ -170,6 +175,8 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
     node_config.heartbeat_interval = Duration::from_millis(args.heartbeat_interval);
     node_config.election_timeout = election_timeout;
     node_config.snapshot_every_entries = args.snapshot_count;
+    node_config.lease_checkpoint_interval =
+        Duration::from_millis(args.experimental_lease_checkpoint_interval);
     node_config.cluster = cluster;
 
     let node = baton_raft::Node::start(node_config)

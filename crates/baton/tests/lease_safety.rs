@@ -93,28 +93,7 @@ async fn a_leader_without_a_quorum_refuses_keep_alives() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = Cluster::start(dir.path(), 3, &[]);
     let eps: Vec<String> = cluster.members.iter().map(|m| m.endpoint()).collect();
-    // Find the leader.
-    let leader = {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            let mut found = None;
-            for (i, ep) in eps.iter().enumerate() {
-                if let Ok(c) = Client::connect(ClientConfig::new([ep.clone()])).await {
-                    if let Ok(s) = c.status().await {
-                        let me = s.header.map_or(0, |h| h.member_id);
-                        if s.leader != 0 && s.leader == me {
-                            found = Some(i);
-                        }
-                    }
-                }
-            }
-            if let Some(i) = found {
-                break i;
-            }
-            assert!(Instant::now() < deadline, "no leader\n{}", cluster.logs());
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    };
+    let leader = leader_of(&eps, Duration::from_secs(15)).await;
     let c = client(&eps[leader], Duration::from_secs(3)).await;
     let lease = c.lease_grant(Duration::from_secs(30)).await.unwrap().id;
     assert_eq!(c.lease_keep_alive_once(lease).await.unwrap(), 30);
@@ -154,5 +133,93 @@ async fn a_leader_without_a_quorum_refuses_keep_alives() {
             cluster.logs()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Lease checkpoints across a leader change, and "never early": a lease nobody keeps alive
+/// is checkpointed by the leader (every 500 ms here instead of 5 min); after kill -9 of the
+/// leader, the new leader continues the countdown from the checkpoint (plus at most the
+/// election timeout) instead of restarting the full TTL — and never gives less than what
+/// was left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_continues_the_lease_countdown() {
+    const TTL: i64 = 30;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(
+        dir.path(),
+        3,
+        &["--experimental-lease-checkpoint-interval", "500"],
+    );
+    let eps: Vec<String> = cluster.members.iter().map(|m| m.endpoint()).collect();
+    let leader = leader_of(&eps, Duration::from_secs(15)).await;
+    let c = client(&eps[leader], Duration::from_secs(3)).await;
+    let lease = c
+        .lease_grant(Duration::from_secs(TTL as u64))
+        .await
+        .unwrap()
+        .id;
+    let granted = Instant::now();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+
+    cluster.members[leader].kill9();
+    let survivors: Vec<String> = (0..3)
+        .filter(|i| *i != leader)
+        .map(|i| eps[i].clone())
+        .collect();
+    let _ = leader_of(&survivors, Duration::from_secs(15)).await;
+    let s = client(&survivors[0], Duration::from_secs(3)).await;
+    let ttl = loop {
+        match s.lease_time_to_live(lease).await {
+            Ok(r) => break r.ttl,
+            Err(e) => {
+                assert!(
+                    granted.elapsed() < Duration::from_secs(20),
+                    "TimeToLive: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let elapsed = granted.elapsed().as_secs_f64();
+    eprintln!("after {elapsed:.1} s the new leader gives the {TTL} s lease {ttl} s");
+    // Never early: at least what was left since the grant (whole seconds, rounded down).
+    assert!(
+        ttl as f64 >= TTL as f64 - elapsed - 1.0,
+        "the new leader shortened the lease: {ttl} s left after {elapsed:.1} s"
+    );
+    // Not restarted: the countdown continued from a checkpoint at most ~1 s old, plus the
+    // election-timeout extension (1 s) and rounding.
+    assert!(
+        (ttl as f64) <= TTL as f64 - 6.0 + 3.0,
+        "the new leader restarted the countdown: {ttl} s left after {elapsed:.1} s"
+    );
+}
+
+/// Waits until every listed member agrees on a leader among them; returns its index.
+async fn leader_of(eps: &[String], within: Duration) -> usize {
+    let deadline = Instant::now() + within;
+    loop {
+        let mut views = Vec::new();
+        for ep in eps {
+            let v = async {
+                let c = Client::connect(
+                    ClientConfig::new([ep.clone()]).with_request_timeout(Duration::from_secs(1)),
+                )
+                .await
+                .ok()?;
+                let s = c.status().await.ok()?;
+                Some((s.header?.member_id, s.leader))
+            };
+            views.push(v.await);
+        }
+        if let Some(Some((_, l))) = views.first() {
+            if *l != 0 && views.iter().all(|v| v.is_some_and(|(_, x)| x == *l)) {
+                if let Some(i) = views.iter().position(|v| v.is_some_and(|(m, _)| m == *l)) {
+                    return i;
+                }
+            }
+        }
+        assert!(Instant::now() < deadline, "no agreed leader: {views:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
