@@ -56,6 +56,14 @@ pub enum Command {
     ExpireLeases {
         ids: Vec<LeaseId>,
     },
+    /// `ExpireLeases` fenced by the term of the leader whose lease clock decided it: applied
+    /// only if the entry carrying it is of that same term, so an expiry decided under one
+    /// leadership can never take effect under another (whose clock may have extended the
+    /// lease); otherwise it is a no-op.
+    ExpireLeasesInTerm {
+        term: Term,
+        ids: Vec<LeaseId>,
+    },
     /// Remaining TTLs measured by the leader, so a new leader does not renew blindly.
     LeaseCheckpoint {
         checkpoints: Vec<(LeaseId, i64)>,

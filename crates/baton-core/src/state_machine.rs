@@ -303,39 +303,16 @@ impl StateMachine {
                 self.delete_lease_keys(*id, lease, w);
                 Ok(Response::LeaseRevoke)
             }
-            Command::ExpireLeases { ids } => {
-                // Which of the doomed keys head a registered lock, judged on the state before
-                // the entry: a waiter behind an expiring holder never held the lock, even if
-                // its own lease expires in the same entry.
-                let holders = self.expiring_holders(ids);
-                let mut expired = Vec::new();
-                for id in ids {
-                    // Unknown (already revoked, or listed twice) ids are ignored: the leader's
-                    // clock may have raced a revoke.
-                    if let Some(lease) = self.leases.remove(id) {
-                        self.delete_lease_keys(*id, lease, w);
-                        expired.push(*id);
-                    }
+            Command::ExpireLeases { ids } => self.expire_leases(ids, w),
+            Command::ExpireLeasesInTerm { term, ids } => {
+                let (_, entry_term) = self.last_applied.expect("set before apply_command");
+                if entry_term != *term {
+                    return Ok(Response::ExpireLeases {
+                        expired: Vec::new(),
+                        expired_holders: Vec::new(),
+                    });
                 }
-                let now = self.last_time_ms;
-                let mut expired_holders = Vec::with_capacity(holders.len());
-                for (key, names) in holders {
-                    for name in names {
-                        let record = self
-                            .locks
-                            .record_mut(&name)
-                            .expect("a lock with a key is registered until idle");
-                        if record.delay_ms > 0 {
-                            let until = now.saturating_add(record.delay_ms);
-                            record.delayed_until_ms = record.delayed_until_ms.max(until);
-                        }
-                    }
-                    expired_holders.push(key);
-                }
-                Ok(Response::ExpireLeases {
-                    expired,
-                    expired_holders,
-                })
+                self.expire_leases(ids, w)
             }
             Command::LeaseCheckpoint { checkpoints } => {
                 for (id, remaining_ms) in checkpoints {
@@ -486,6 +463,43 @@ impl StateMachine {
                 }
             }
         }
+    }
+
+    /// Expires `ids`: deletes every key of every listed lease in one revision and starts the
+    /// lock-delay of the locks whose holders go with them.
+    fn expire_leases(&mut self, ids: &[LeaseId], w: &mut Writes) -> Result<Response, KvError> {
+        // Which of the doomed keys head a registered lock, judged on the state before
+        // the entry: a waiter behind an expiring holder never held the lock, even if
+        // its own lease expires in the same entry.
+        let holders = self.expiring_holders(ids);
+        let mut expired = Vec::new();
+        for id in ids {
+            // Unknown (already revoked, or listed twice) ids are ignored: the leader's
+            // clock may have raced a revoke.
+            if let Some(lease) = self.leases.remove(id) {
+                self.delete_lease_keys(*id, lease, w);
+                expired.push(*id);
+            }
+        }
+        let now = self.last_time_ms;
+        let mut expired_holders = Vec::with_capacity(holders.len());
+        for (key, names) in holders {
+            for name in names {
+                let record = self
+                    .locks
+                    .record_mut(&name)
+                    .expect("a lock with a key is registered until idle");
+                if record.delay_ms > 0 {
+                    let until = now.saturating_add(record.delay_ms);
+                    record.delayed_until_ms = record.delayed_until_ms.max(until);
+                }
+            }
+            expired_holders.push(key);
+        }
+        Ok(Response::ExpireLeases {
+            expired,
+            expired_holders,
+        })
     }
 
     /// Number of open de-duplication sessions (for status and metrics).

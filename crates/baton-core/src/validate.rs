@@ -20,6 +20,7 @@ pub(crate) fn validate(cmd: &Command) -> Result<(), KvError> {
         | Command::Compact { .. }
         | Command::LeaseRevoke { .. }
         | Command::ExpireLeases { .. }
+        | Command::ExpireLeasesInTerm { .. }
         | Command::LeaseCheckpoint { .. } => Ok(()),
         Command::Put(p) => check_put(p),
         Command::DeleteRange(d) => check_delete(d),

@@ -391,11 +391,22 @@ impl Model {
         &mut self,
         cmd: &Command,
         index: u64,
+        term: Term,
         now_ms: u64,
     ) -> (Revision, Response, Vec<Event>) {
         let current = Revision(self.rev());
         let unchanged = |r: Response| (current, r, Vec::new());
         match cmd {
+            Command::ExpireLeasesInTerm { term: decided, ids } => {
+                if *decided == term {
+                    self.apply(&Command::ExpireLeases { ids: ids.clone() }, now_ms)
+                } else {
+                    unchanged(Response::ExpireLeases {
+                        expired: Vec::new(),
+                        expired_holders: Vec::new(),
+                    })
+                }
+            }
             Command::RegisterClient { timeout_ms } => {
                 let timeout_ms = (*timeout_ms).clamp(MIN_CLIENT_TIMEOUT_MS, MAX_CLIENT_TIMEOUT_MS);
                 self.sessions
@@ -713,6 +724,7 @@ impl Model {
                 Ok(Response::LeaseCheckpoint)
             }
             Command::RegisterClient { .. }
+            | Command::ExpireLeasesInTerm { .. }
             | Command::UnregisterClient { .. }
             | Command::Deduplicated { .. } => unreachable!("apply_entry handles sessions"),
         })();
@@ -1066,7 +1078,13 @@ impl Gen {
             83..=87 => Command::LeaseRevoke {
                 id: LeaseId(self.rng.gen_range(1..9)),
             },
-            88..=92 => Command::ExpireLeases {
+            88..=90 => Command::ExpireLeases {
+                ids: (0..self.rng.gen_range(0..4))
+                    .map(|_| LeaseId(self.rng.gen_range(1..9)))
+                    .collect(),
+            },
+            91..=92 => Command::ExpireLeasesInTerm {
+                term: Term(self.rng.gen_range(1..8)),
                 ids: (0..self.rng.gen_range(0..4))
                     .map(|_| LeaseId(self.rng.gen_range(1..9)))
                     .collect(),
@@ -1312,10 +1330,17 @@ fn run_seed(seed: u64, steps: usize, outcomes: &mut BTreeMap<String, usize>) -> 
             );
             twin = Some(restored);
         }
-        let cmd = g.command(&m);
+        let mut cmd = g.command(&m);
+        let term = Term(1 + step as u64 / 500);
+        // Term-fenced expiries: mostly of the entry's own term (they apply), some stale.
+        if let Command::ExpireLeasesInTerm { term: decided, .. } = &mut cmd {
+            if g.rng.gen_bool(0.7) {
+                *decided = term;
+            }
+        }
         let entry = Entry {
             index: LogIndex(step as u64 + 1),
-            term: Term(1 + step as u64 / 500),
+            term,
             // Seconds apart, so lock-delays (up to 20 s) run out and force-release records
             // age past their one-hour retention within a run.
             time_ms: step as u64 * 3000,
@@ -1323,7 +1348,8 @@ fn run_seed(seed: u64, steps: usize, outcomes: &mut BTreeMap<String, usize>) -> 
         };
         let applied = sm.apply(&entry);
         *outcomes.entry(outcome(&applied)).or_default() += 1;
-        let (rev, response, events) = m.apply_entry(&cmd, entry.index.0, entry.time_ms);
+        let (rev, response, events) =
+            m.apply_entry(&cmd, entry.index.0, entry.term, entry.time_ms);
         assert_eq!(applied.response, response, "{ctx}: response to {cmd:?}");
         assert_eq!(applied.events, events, "{ctx}: events of {cmd:?}");
         assert_eq!(applied.revision, rev, "{ctx}: revision after {cmd:?}");

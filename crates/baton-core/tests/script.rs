@@ -22,7 +22,7 @@
 //! - `txn` / `if K[..E] version|create|mod|value|lease =|!=|>|< X` / `then` / `else` / ops /
 //!   nested `txn` … `end` / `repeat N LINE` (LINE N times, `{i}` = 0..N) / `end`
 //! - `compact N`, `noop`, `lease-grant ID TTL`, `lease-revoke ID`, `expire ID…`,
-//!   `checkpoint ID=MS…`, `leases`, `status`, `history K [RANGE] --from=N [--max=N]`,
+//!   `expire-in-term TERM ID…` (entries are of term 1), `checkpoint ID=MS…`, `leases`, `status`, `history K [RANGE] --from=N [--max=N]`,
 //!   `snapshot-restore`
 //! - locks and fences: `lock-enqueue NAME LEASE [VALUE] [--delay=MS]`,
 //!   `lock-force NAME [--token=N] REASON…`, `lock NAME [--max=N]` (queue and registry record),
@@ -584,10 +584,17 @@ impl Runner {
                 let applied = self.apply(Command::LeaseRevoke { id });
                 result(&mut out, &applied, " ok".into());
             }
-            "expire" => {
-                let ids = (0..a.pos.len()).map(|i| LeaseId(a.pos_num(i))).collect();
+            "expire" | "expire-in-term" => {
+                let fenced = a.cmd == "expire-in-term";
+                let first = usize::from(fenced);
+                let ids = (first..a.pos.len()).map(|i| LeaseId(a.pos_num(i))).collect();
                 a.done();
-                let applied = self.apply(Command::ExpireLeases { ids });
+                let applied = if fenced {
+                    let term = Term(a.pos_num(0) as u64);
+                    self.apply(Command::ExpireLeasesInTerm { term, ids })
+                } else {
+                    self.apply(Command::ExpireLeases { ids })
+                };
                 let ok = match &applied.response {
                     Response::ExpireLeases {
                         expired,

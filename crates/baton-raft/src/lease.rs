@@ -84,8 +84,9 @@ impl LeaseClock {
             (Command::LeaseRevoke { id }, _) => {
                 self.leases.remove(id);
             }
-            (Command::ExpireLeases { ids }, _) => {
-                for id in ids {
+            // What was actually expired (a term-fenced expiry of another term expires nothing).
+            (_, Response::ExpireLeases { expired, .. }) => {
+                for id in expired {
                     self.leases.remove(id);
                 }
             }

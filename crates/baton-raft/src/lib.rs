@@ -1432,7 +1432,10 @@ impl Inner {
             }
             let n = ids.len() as u64;
             let res = self
-                .propose(Command::ExpireLeases { ids: ids.clone() })
+                .propose(Command::ExpireLeasesInTerm {
+                    term: Term(term),
+                    ids: ids.clone(),
+                })
                 .await;
             self.shared.leases.lock().finish_expiring(&ids);
             match res {
