@@ -1348,8 +1348,7 @@ fn run_seed(seed: u64, steps: usize, outcomes: &mut BTreeMap<String, usize>) -> 
         };
         let applied = sm.apply(&entry);
         *outcomes.entry(outcome(&applied)).or_default() += 1;
-        let (rev, response, events) =
-            m.apply_entry(&cmd, entry.index.0, entry.term, entry.time_ms);
+        let (rev, response, events) = m.apply_entry(&cmd, entry.index.0, entry.term, entry.time_ms);
         assert_eq!(applied.response, response, "{ctx}: response to {cmd:?}");
         assert_eq!(applied.events, events, "{ctx}: events of {cmd:?}");
         assert_eq!(applied.revision, rev, "{ctx}: revision after {cmd:?}");

@@ -587,7 +587,9 @@ impl Runner {
             "expire" | "expire-in-term" => {
                 let fenced = a.cmd == "expire-in-term";
                 let first = usize::from(fenced);
-                let ids = (first..a.pos.len()).map(|i| LeaseId(a.pos_num(i))).collect();
+                let ids = (first..a.pos.len())
+                    .map(|i| LeaseId(a.pos_num(i)))
+                    .collect();
                 a.done();
                 let applied = if fenced {
                     let term = Term(a.pos_num(0) as u64);

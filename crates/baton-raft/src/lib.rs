@@ -179,6 +179,10 @@ pub enum ProposeError {
     /// unknown).
     #[error("membership change refused: {0}")]
     MembershipChange(String),
+    /// The queue of proposals in front of Raft is full (etcd's "too many requests"): retry
+    /// later. Nothing was done.
+    #[error("too many requests")]
+    TooManyRequests,
 }
 
 /// Why a replica could not start.

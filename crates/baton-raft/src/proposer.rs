@@ -11,7 +11,7 @@
 //! The same task is also the only place that stamps time, so stamps enter the log in order and
 //! `Entry::time_ms` never goes backwards.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,6 +26,11 @@ use crate::{fatal_error, leader_error, wall_clock_ms, ProposeError, Proposed};
 /// Bounds one entry: it is fsynced, replicated and applied (under the write lock) as a unit.
 const MAX_BATCH_COMMANDS: usize = 1024;
 const MAX_BATCH_BYTES: usize = 4 << 20;
+/// Bounds the queue in front of Raft (commands and their bytes). Beyond it a proposal is
+/// refused at once with etcd's "too many requests" rather than queued without limit: a
+/// client flood must cost the clients, not the server's memory.
+const MAX_QUEUED_COMMANDS: usize = 100_000;
+const MAX_QUEUED_BYTES: usize = 256 << 20;
 /// Batches submitted but not yet applied. One maximizes batching; Raft processes entries one
 /// at a time anyway.
 const MAX_BATCHES_IN_FLIGHT: usize = 1;
@@ -36,8 +41,23 @@ struct Pending {
     done: oneshot::Sender<Result<Proposed, ProposeError>>,
 }
 
+/// What waits in the queue (added on send, removed when the proposer task takes it).
+#[derive(Default)]
+struct Queued {
+    commands: AtomicUsize,
+    bytes: AtomicUsize,
+}
+
+impl Queued {
+    fn take(&self, bytes: usize) {
+        self.commands.fetch_sub(1, Ordering::AcqRel);
+        self.bytes.fetch_sub(bytes, Ordering::AcqRel);
+    }
+}
+
 pub(crate) struct Proposer {
     tx: mpsc::UnboundedSender<Pending>,
+    queued: Arc<Queued>,
     shutting_down: Arc<AtomicBool>,
     timeout: Duration,
 }
@@ -50,10 +70,19 @@ impl Proposer {
         timeout: Duration,
     ) -> (Proposer, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(run(rx, raft, shared, shutting_down.clone(), timeout));
+        let queued = Arc::new(Queued::default());
+        let task = tokio::spawn(run(
+            rx,
+            queued.clone(),
+            raft,
+            shared,
+            shutting_down.clone(),
+            timeout,
+        ));
         (
             Proposer {
                 tx,
+                queued,
                 shutting_down,
                 timeout,
             },
@@ -71,6 +100,14 @@ impl Proposer {
 
     pub(crate) async fn propose(&self, command: Command) -> Result<Proposed, ProposeError> {
         let bytes = bincode::serialized_size(&command).map_or(usize::MAX, |b| b as usize);
+        let commands = self.queued.commands.fetch_add(1, Ordering::AcqRel);
+        let queued_bytes = self.queued.bytes.fetch_add(bytes, Ordering::AcqRel);
+        if commands >= MAX_QUEUED_COMMANDS || queued_bytes.saturating_add(bytes) > MAX_QUEUED_BYTES
+        {
+            self.queued.take(bytes);
+            metrics::counter!("baton_proposals_refused_total").increment(1);
+            return Err(ProposeError::TooManyRequests);
+        }
         let (done, rx) = oneshot::channel();
         self.tx
             .send(Pending {
@@ -78,7 +115,10 @@ impl Proposer {
                 bytes,
                 done,
             })
-            .map_err(|_| ProposeError::ShuttingDown)?;
+            .map_err(|_| {
+                self.queued.take(bytes);
+                ProposeError::ShuttingDown
+            })?;
         match tokio::time::timeout(self.timeout, rx).await {
             Err(_) => Err(ProposeError::Timeout),
             // The batch was dropped without an answer: shutdown, or Raft lost it mid-way.
@@ -90,6 +130,7 @@ impl Proposer {
 
 async fn run(
     mut rx: mpsc::UnboundedReceiver<Pending>,
+    queued: Arc<Queued>,
     raft: Raft,
     shared: Arc<Shared>,
     shutting_down: Arc<AtomicBool>,
@@ -107,7 +148,10 @@ async fn run(
         let first = match carry.take() {
             Some(p) => p,
             None => match rx.recv().await {
-                Some(p) => p,
+                Some(p) => {
+                    queued.take(p.bytes);
+                    p
+                }
                 None => return,
             },
         };
@@ -115,6 +159,7 @@ async fn run(
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH_COMMANDS {
             let Ok(p) = rx.try_recv() else { break };
+            queued.take(p.bytes);
             if bytes.saturating_add(p.bytes) > MAX_BATCH_BYTES {
                 carry = Some(p);
                 break;

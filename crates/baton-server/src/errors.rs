@@ -123,6 +123,9 @@ pub fn propose_status(err: &ProposeError) -> Status {
         ProposeError::MembershipChange(msg) => {
             Status::failed_precondition(format!("baton: membership change refused: {msg}"))
         }
+        ProposeError::TooManyRequests => {
+            Status::resource_exhausted("etcdserver: too many requests")
+        }
     }
 }
 
