@@ -10,6 +10,7 @@ use bincode::Options;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::membership::{MemberChange, MemberChanged, MemberError};
 use crate::types::Member;
 use crate::{KeepAlive, ProposeError};
 
@@ -65,13 +66,20 @@ pub(crate) enum LeaderRequest {
     TimeToLive(LeaseId),
     /// Record the sender's name and client URLs in the membership (its peer URLs are kept).
     Publish { id: u64, member: Member },
+    /// A membership change (etcd's MemberAdd/Remove/Update/Promote), checked and made by the
+    /// leader.
+    ChangeMembers(MemberChange),
 }
 
 impl LeaderRequest {
     /// Whether sending it twice is harmless, so a failed attempt may be retried blindly even
-    /// when it may have reached the leader. A proposal is not: it could be applied twice.
+    /// when it may have reached the leader. A proposal is not: it could be applied twice; nor
+    /// is a membership change (a second MemberAdd would add a second member).
     pub(crate) fn is_idempotent(&self) -> bool {
-        !matches!(self, LeaderRequest::Propose(_))
+        !matches!(
+            self,
+            LeaderRequest::Propose(_) | LeaderRequest::ChangeMembers(_)
+        )
     }
 }
 
@@ -84,6 +92,10 @@ pub(crate) enum LeaderResponse {
     KeepAlive(KeepAlive),
     TimeToLive(Option<i64>),
     Published,
+    /// The outcome of `ChangeMembers`: refusals that are not about leadership (unknown
+    /// member, not enough started members, …) travel here; `NotLeader` and the like come as
+    /// `Failed` so the follower retries.
+    MembersChanged(Result<MemberChanged, MemberError>),
     Failed(ProposeError),
 }
 

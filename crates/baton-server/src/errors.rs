@@ -4,7 +4,7 @@
 //! exact message text, so every message here is byte-identical to etcd's.
 
 use baton_core::KvError;
-use baton_raft::ProposeError;
+use baton_raft::{MemberError, ProposeError, TransferError};
 use tonic::{Code, Status};
 
 /// etcd's message when the cluster has no leader.
@@ -119,6 +119,55 @@ pub fn propose_status(err: &ProposeError) -> Status {
         ProposeError::MembershipChange(msg) => {
             Status::failed_precondition(format!("baton: membership change refused: {msg}"))
         }
+    }
+}
+
+/// Maps a refused membership change to etcd's status (`rpctypes`: `ErrGRPCMemberNotFound`,
+/// `ErrGRPCPeerURLExist`, …).
+pub fn member_status(err: &MemberError) -> Status {
+    match err {
+        MemberError::NotFound => Status::not_found("etcdserver: member not found"),
+        MemberError::PeerUrlsExist => {
+            Status::failed_precondition("etcdserver: Peer URLs already exists")
+        }
+        MemberError::BadUrls => {
+            Status::invalid_argument("etcdserver: given member URLs are invalid")
+        }
+        MemberError::NotLearner => {
+            Status::failed_precondition("etcdserver: can only promote a learner member")
+        }
+        MemberError::LearnerNotReady => Status::failed_precondition(
+            "etcdserver: can only promote a learner member which is in sync with leader",
+        ),
+        MemberError::TooManyLearners => {
+            Status::failed_precondition("etcdserver: too many learner members in cluster")
+        }
+        MemberError::NotEnoughStarted => Status::failed_precondition(
+            "etcdserver: re-configuration failed due to not enough started members",
+        ),
+        MemberError::Unhealthy => Status::unavailable("etcdserver: unhealthy cluster"),
+        MemberError::NotClustered => Status::failed_precondition(
+            "baton: this member was started without --initial-cluster and cannot have peers",
+        ),
+        MemberError::Propose(e) => propose_status(e),
+    }
+}
+
+/// Maps a failed leader transfer to etcd's status (`ErrGRPCNotLeader`,
+/// `ErrGRPCBadLeaderTransferee`, `ErrGRPCTimeoutLeaderTransfer`).
+pub fn transfer_status(err: &TransferError) -> Status {
+    match err {
+        TransferError::NotLeader => Status::failed_precondition("etcdserver: not leader"),
+        TransferError::BadTransferee => {
+            Status::failed_precondition("etcdserver: bad leader transferee")
+        }
+        TransferError::InProgress => {
+            Status::failed_precondition("baton: a leader transfer is already in progress")
+        }
+        TransferError::Timeout => {
+            Status::unavailable("etcdserver: request timed out, leader transfer took too long")
+        }
+        TransferError::Propose(e) => propose_status(e),
     }
 }
 
