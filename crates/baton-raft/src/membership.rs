@@ -643,3 +643,31 @@ pub(crate) async fn removal_loop(node: Weak<Inner>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_urls_follow_etcds_rules() {
+        assert!(valid_peer_url("http://127.0.0.1:2380"));
+        assert!(valid_peer_url("https://node-1.example:2380/"));
+        assert!(!valid_peer_url("127.0.0.1:2380"));
+        assert!(!valid_peer_url("http://127.0.0.1"));
+        assert!(!valid_peer_url("http://127.0.0.1:2380/path"));
+        assert!(!valid_peer_url("unix://sock:1"));
+        assert!(!valid_peer_url("http://:2380"));
+    }
+
+    #[test]
+    fn member_errors_cross_the_wire() {
+        for e in [
+            MemberError::NotFound,
+            MemberError::LearnerNotReady,
+            MemberError::Propose(ProposeError::Timeout),
+        ] {
+            let bytes = wire::encode(&e).unwrap();
+            assert_eq!(wire::decode::<MemberError>(&bytes).unwrap(), e);
+        }
+    }
+}

@@ -6,10 +6,11 @@
 //! from its leader, so a target that simply campaigns (`trigger().elect()`) is refused while
 //! the leader keeps sending heartbeats. The leader therefore:
 //!
-//! 1. waits until the target's log matches its own (etcd: the transferee must be caught up);
-//! 2. closes its gate: new proposals, read indexes and membership changes on this member wait
-//!    (etcd drops proposals during a transfer), so nothing renews the followers' leases;
-//! 3. stops heartbeats and its own elections, and waits until the target has every entry;
+//! 1. closes its gate: new proposals, read indexes and membership changes on this member wait
+//!    (etcd drops proposals during a transfer), so the log stops growing and nothing but
+//!    replication renews the followers' leases;
+//! 2. stops heartbeats and its own elections;
+//! 3. waits until the target's log matches its own (etcd: the transferee must be caught up);
 //! 4. waits one lease plus a heartbeat interval: every follower's lease has then expired,
 //!    while their election timers (`[0.65 T, 0.8 T)` after the last heartbeat) have not;
 //! 5. tells the target to campaign (`TimeoutNow` peer method → `trigger().elect()`); the
@@ -111,7 +112,6 @@ impl Node {
             term,
             "leadership transfer starting"
         );
-        inner.wait_caught_up(target, deadline).await?;
         if inner.transfer.active.send_replace(true) {
             return Err(TransferError::InProgress);
         }
@@ -119,6 +119,8 @@ impl Node {
         let rc = inner.raft.runtime_config();
         rc.heartbeat(false);
         rc.elect(false);
+        // With the gate closed the leader's log stops growing, so the target catches up
+        // even under a steady write load (the writes wait, as etcd drops them meanwhile).
         inner.wait_caught_up(target, deadline).await?;
         let (_, lease_ms) = openraft_election_timeouts(&inner.config)
             .map_err(|e| ProposeError::Storage(e.to_string()))?;

@@ -182,6 +182,60 @@ mod tests {
     use super::*;
 
     #[test]
+    fn membership_and_transfer_errors_are_etcds() {
+        let cases = [
+            (
+                member_status(&MemberError::NotFound),
+                Code::NotFound,
+                "etcdserver: member not found",
+            ),
+            (
+                member_status(&MemberError::PeerUrlsExist),
+                Code::FailedPrecondition,
+                "etcdserver: Peer URLs already exists",
+            ),
+            (
+                member_status(&MemberError::NotLearner),
+                Code::FailedPrecondition,
+                "etcdserver: can only promote a learner member",
+            ),
+            (
+                member_status(&MemberError::LearnerNotReady),
+                Code::FailedPrecondition,
+                "etcdserver: can only promote a learner member which is in sync with leader",
+            ),
+            (
+                member_status(&MemberError::NotEnoughStarted),
+                Code::FailedPrecondition,
+                "etcdserver: re-configuration failed due to not enough started members",
+            ),
+            (
+                member_status(&MemberError::BadUrls),
+                Code::InvalidArgument,
+                "etcdserver: given member URLs are invalid",
+            ),
+            (
+                transfer_status(&TransferError::NotLeader),
+                Code::FailedPrecondition,
+                "etcdserver: not leader",
+            ),
+            (
+                transfer_status(&TransferError::BadTransferee),
+                Code::FailedPrecondition,
+                "etcdserver: bad leader transferee",
+            ),
+            (
+                transfer_status(&TransferError::Timeout),
+                Code::Unavailable,
+                "etcdserver: request timed out, leader transfer took too long",
+            ),
+        ];
+        for (status, code, message) in cases {
+            assert_eq!((status.code(), status.message()), (code, message));
+        }
+    }
+
+    #[test]
     fn messages_are_etcds() {
         let s = kv_status(&KvError::Compacted);
         assert_eq!(s.code(), Code::OutOfRange);

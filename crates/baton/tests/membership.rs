@@ -166,6 +166,10 @@ async fn member_add(endpoints: &str, name: &str, peer_url: &str, learner: bool) 
     assert_eq!(env("ETCD_INITIAL_ADVERTISE_PEER_URLS"), peer_url);
     assert_eq!(env("ETCD_INITIAL_CLUSTER_STATE"), "existing");
     let initial = env("ETCD_INITIAL_CLUSTER");
+    assert!(
+        !initial.split(',').any(|e| e.starts_with('=')),
+        "a member without a name (not published yet) in {out}"
+    );
     assert!(initial.contains(&format!("{name}={peer_url}")), "{initial}");
     (id, initial)
 }
@@ -250,11 +254,19 @@ async fn wait_started(endpoints: &str, id: u64, within: Duration) -> Listed {
 
 /// Waits until `member list` shows `n` members, all started (each publishes its name and
 /// client URLs after it runs; etcdctl's `member add` output names members from the list).
+///
+/// Asks every endpoint: a member always shows itself with its configured name, so one
+/// member's list does not prove that the others know its name.
 async fn all_started(endpoints: &str, n: usize) -> Vec<Listed> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let list = member_list(endpoints).await;
-        if list.len() == n && list.iter().all(|m| m.started) {
+        let mut list = Vec::new();
+        let mut complete = true;
+        for ep in endpoints.split(',') {
+            list = member_list(ep).await;
+            complete &= list.len() == n && list.iter().all(|m| m.started);
+        }
+        if complete {
             return list;
         }
         assert!(Instant::now() < deadline, "{list:?}");
@@ -670,4 +682,133 @@ async fn removed_member_cannot_disrupt_the_cluster() {
     let (_, _, term_after) = status(&rest[0]).await.unwrap();
     assert_eq!(term_after, term, "the removed member disturbed the cluster");
     ctl_ok(&rest_all, &["put", "after", "x"]).await;
+}
+
+/// Runs `baton ARGS` (a client command) in a blocking thread.
+async fn baton_async(endpoints: &str, args: &[&str]) -> Out {
+    let endpoints = endpoints.to_string();
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        common::baton(&endpoints, &args, None)
+    })
+    .await
+    .unwrap()
+}
+
+async fn baton_json(endpoints: &str, args: &[&str]) -> serde_json::Value {
+    let mut all = args.to_vec();
+    all.extend(["--output", "json"]);
+    let out = baton_async(endpoints, &all).await;
+    assert_eq!(out.code, 0, "baton {args:?}: {out:?}");
+    serde_json::from_str(out.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {out:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn baton_member_commands_and_move_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path(), 3, &[]);
+    let eps: Vec<String> = cluster.members.iter().map(|m| m.endpoint()).collect();
+    let all = cluster.endpoints();
+    let (leader, leader_id) = agreed_leader(&eps, Duration::from_secs(10)).await;
+    all_started(&all, 3).await;
+
+    let list = baton_json(&all, &["member", "list"]).await;
+    let members = list["members"].as_array().unwrap();
+    assert_eq!(members.len(), 3, "{list}");
+    assert!(members
+        .iter()
+        .all(|m| m["started"] == true && m["is_learner"] == false));
+
+    let url = format!("http://127.0.0.1:{}", free_port_below_ephemeral());
+    let added = baton_json(
+        &all,
+        &["member", "add", "m4", "--peer-urls", &url, "--learner"],
+    )
+    .await;
+    let id = added["id"].as_str().unwrap().to_string();
+    assert_eq!(added["is_learner"], true);
+    assert!(
+        added["initial_cluster"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("m4={url}")),
+        "{added}"
+    );
+    assert_eq!(added["members"].as_array().unwrap().len(), 4);
+    let table = baton_async(&all, &["member", "list"]).await.stdout;
+    let row = table
+        .lines()
+        .find(|l| l.starts_with(&id))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(
+        row.contains("unstarted") && row.contains(&url) && row.ends_with("true"),
+        "{table}"
+    );
+    let out = baton_async(&all, &["member", "promote", &id]).await;
+    assert_ne!(out.code, 0);
+    assert!(
+        out.stderr
+            .contains("etcdserver: can only promote a learner member which is in sync with leader"),
+        "{out:?}"
+    );
+    let removed = baton_json(&all, &["member", "remove", &id]).await;
+    assert_eq!(removed["members"].as_array().unwrap().len(), 3);
+
+    let target = (leader + 2) % 3;
+    let (target_id, _, _) = status(&eps[target]).await.unwrap();
+    let moved = baton_json(&all, &["move-leader", &format!("{target_id:x}")]).await;
+    assert_eq!(moved["from"], format!("{leader_id:x}"));
+    assert_eq!(moved["to"], format!("{target_id:x}"));
+    let (_, now) = agreed_leader(&eps, Duration::from_secs(5)).await;
+    assert_eq!(now, target_id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joining_without_member_add_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path(), 3, &[]);
+    let eps: Vec<String> = cluster.members.iter().map(|m| m.endpoint()).collect();
+    agreed_leader(&eps, Duration::from_secs(10)).await;
+    all_started(&cluster.endpoints(), 3).await;
+    let token = token(&cluster);
+    let initial = cluster.members[0].extra_args[3].clone();
+
+    let run = |name: &str, peer_port: u16, initial: String| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_baton"))
+            .args([
+                "serve",
+                "--name",
+                name,
+                "--data-dir",
+                dir.path().join(format!("{name}-empty")).to_str().unwrap(),
+                "--listen-client-urls",
+                &format!("http://127.0.0.1:{}", free_port_below_ephemeral()),
+                "--listen-metrics-urls",
+                &format!("http://127.0.0.1:{}", free_port_below_ephemeral()),
+                "--listen-peer-urls",
+                &format!("http://127.0.0.1:{peer_port}"),
+                "--initial-cluster",
+                &initial,
+                "--initial-cluster-state",
+                "existing",
+                "--initial-cluster-token",
+                &token,
+            ])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // Never added: no member has its peer URLs.
+    let port = free_port_below_ephemeral();
+    let err = run("m9", port, format!("{initial},m9=http://127.0.0.1:{port}"));
+    assert!(
+        err.contains("the cluster has no member with peer URLs"),
+        "{err}"
+    );
+    // An existing member that lost its data directory: it has been bootstrapped.
+    // (It asks the others before binding its peer port, which m1 still holds.)
+    let err = run("m1", cluster.members[0].peer_port, initial.clone());
+    assert!(err.contains("has already been bootstrapped"), "{err}");
 }
