@@ -313,7 +313,7 @@ impl Inner {
 
     /// Whether `peer` is active: it answered this member's calls within the election
     /// timeout (this member itself always is).
-    fn active(&self, peer: u64) -> bool {
+    pub(crate) fn active(&self, peer: u64) -> bool {
         peer == self.member_id || self.peers.active_within(peer, self.config.election_timeout)
     }
 

@@ -112,6 +112,11 @@ impl Node {
             term,
             "leadership transfer starting"
         );
+        // A target that does not answer cannot campaign: fail now rather than hold the gate
+        // (and every write on this member) until the deadline.
+        if !inner.active(target) {
+            return Err(TransferError::Timeout);
+        }
         if inner.transfer.active.send_replace(true) {
             return Err(TransferError::InProgress);
         }
@@ -121,7 +126,9 @@ impl Node {
         rc.elect(false);
         // With the gate closed the leader's log stops growing, so the target catches up
         // even under a steady write load (the writes wait, as etcd drops them meanwhile).
-        inner.wait_caught_up(target, deadline).await?;
+        // etcd's raft gives a transfer one election timeout.
+        let catch_up_deadline = deadline.min(Instant::now() + inner.config.election_timeout);
+        inner.wait_caught_up(target, catch_up_deadline).await?;
         let (_, lease_ms) = openraft_election_timeouts(&inner.config)
             .map_err(|e| ProposeError::Storage(e.to_string()))?;
         tokio::time::sleep(Duration::from_millis(lease_ms) + inner.config.heartbeat_interval).await;

@@ -299,13 +299,19 @@ fn writer(
 async fn grow_three_to_five_then_lose_two() {
     let started = Instant::now();
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster = Cluster::start(dir.path(), 3, &[]);
+    // Snapshots every 20 entries: the log the joiners need is purged by then, so they
+    // catch up by snapshot and then by log.
+    let mut cluster = Cluster::start(dir.path(), 3, &["--snapshot-count", "20"]);
     let token = token(&cluster);
     let eps: Vec<String> = cluster.members.iter().map(|m| m.endpoint()).collect();
     let (leader, _) = agreed_leader(&eps, Duration::from_secs(10)).await;
     let follower = (leader + 1) % 3;
     let all = cluster.endpoints();
     all_started(&all, 3).await;
+    let mut c = client(&eps[leader]).await;
+    for i in 0..100 {
+        c.put(format!("before/{i:03}"), "x", None).await.unwrap();
+    }
 
     // Writes through a follower go on while the cluster grows; every one must succeed.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -334,6 +340,15 @@ async fn grow_three_to_five_then_lose_two() {
         assert_eq!(listed.client_urls, joiner.url());
         assert!(listed.learner);
         promote_when_ready(&all, id, Duration::from_secs(15)).await;
+        // It was sent a snapshot (it takes none of its own this early).
+        let snaps = std::fs::read_dir(dir.path().join(name).join("snap"))
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".snap"))
+            })
+            .count();
+        assert!(snaps > 0, "{name} has no snapshot: {}", joiner.log());
         // The joiner adopted the id MemberAdd gave it.
         let (me, _, _) = status(&joiner.endpoint()).await.expect("joiner status");
         assert_eq!(me, id);
@@ -351,6 +366,20 @@ async fn grow_three_to_five_then_lose_two() {
     // Every member, the new ones included, has every write (serializable: its own state).
     let eps: Vec<String> = cluster.members.iter().map(|m| m.endpoint()).collect();
     for ep in &eps[3..] {
+        let mut c = client(ep).await;
+        let before = c
+            .get(
+                "before/",
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_count_only()
+                        .with_serializable(),
+                ),
+            )
+            .await
+            .unwrap();
+        assert_eq!(before.count(), 100, "{ep}");
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let mut c = client(ep).await;
@@ -577,10 +606,24 @@ async fn move_leader_then_remove_the_leader() {
     let err = c.move_leader(0x1234_abcd).await.unwrap_err().to_string();
     assert!(err.contains("etcdserver: bad leader transferee"), "{err}");
 
-    // etcdctl finds the leader among the endpoints and asks it.
+    // etcdctl finds the leader among the endpoints and asks it; writes through the old
+    // leader and through the third member go on meanwhile (they wait during the handover
+    // and then go to the new leader) and must all succeed.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let third = (leader + 2) % 3;
+    let writers = [
+        writer(eps[leader].clone(), "via-leader", stop_rx.clone()),
+        writer(eps[third].clone(), "via-follower", stop_rx),
+    ];
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let t0 = Instant::now();
     let out = ctl_ok(&all, &["move-leader", &format!("{target_id:x}")]).await;
     let took = t0.elapsed();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop_tx.send(true).unwrap();
+    for w in writers {
+        assert!(w.await.unwrap() > 0);
+    }
     assert_eq!(
         out.trim(),
         format!("Leadership transferred from {leader_id:x} to {target_id:x}"),
