@@ -614,13 +614,20 @@ impl Node {
     pub async fn propose(&self, command: Command) -> Result<Proposed, ProposeError> {
         let inner = &self.inner;
         let deadline = Instant::now() + REQUEST_TIMEOUT;
-        // During a leader transfer on this member, wait for it: the request then goes to
-        // whoever leads afterwards.
-        inner.wait_transfer(deadline).await;
-        let req = match inner
-            .route(LeaderRequest::Propose(command), deadline)
-            .await?
-        {
+        let mut req = LeaderRequest::Propose(command);
+        let req = loop {
+            // During a leader transfer on this member, wait for it: the request then goes
+            // to whoever leads afterwards (checked again after routing, which may have
+            // waited: a proposal made here during a transfer would only fail `NotLeader`).
+            inner.wait_transfer(deadline).await;
+            match inner.route(req, deadline).await? {
+                Routed::Local(r) if inner.transfer_active() && Instant::now() < deadline => {
+                    req = r;
+                }
+                routed => break routed,
+            }
+        };
+        let req = match req {
             Routed::Local(req) => req,
             Routed::Remote(LeaderResponse::Proposed(p)) => {
                 // Committed: a slow local apply does not make it fail, only later visible.

@@ -193,6 +193,11 @@ impl Inner {
         let _ = tokio::time::timeout(remaining, rx.wait_for(|active| !*active)).await;
     }
 
+    /// Whether a leader transfer holds this member's gate now.
+    pub(crate) fn transfer_active(&self) -> bool {
+        *self.transfer.active.borrow()
+    }
+
     /// Waits until the leader's replication to `target` has matched its whole log.
     async fn wait_caught_up(&self, target: u64, deadline: Instant) -> Result<(), TransferError> {
         let remaining = deadline.saturating_duration_since(Instant::now());
