@@ -631,6 +631,18 @@ async fn move_leader_then_remove_the_leader() {
     );
     let (now_leader, now_id) = agreed_leader(&eps, Duration::from_secs(5)).await;
     assert_eq!((now_leader, now_id), (follower, target_id));
+    // As etcdctl shows it: every endpoint names the target as leader.
+    let status: serde_json::Value =
+        serde_json::from_str(&ctl_ok(&all, &["endpoint", "status", "-w", "json"]).await).unwrap();
+    let rows = status.as_array().unwrap();
+    assert_eq!(rows.len(), 3, "{status}");
+    for row in rows {
+        assert_eq!(
+            row["Status"]["leader"].as_u64(),
+            Some(target_id),
+            "{status}"
+        );
+    }
     println!("move-leader took {took:?}");
     ctl_ok(&all, &["put", "after-move", "x"]).await;
 
