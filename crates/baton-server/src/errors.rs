@@ -17,6 +17,8 @@ pub const TIMED_OUT: &str = "etcdserver: request timed out";
 /// (`ErrTimeoutDueToLeaderFail`).
 pub const TIMED_OUT_LEADER_FAIL: &str =
     "etcdserver: request timed out, possibly due to previous leader failure";
+/// etcd's message for an RPC a learner does not serve (code `Unavailable`).
+pub const NOT_SUPPORTED_FOR_LEARNER: &str = "etcdserver: rpc not supported for learner";
 /// etcd's message for an oversized request.
 pub const TOO_LARGE: &str = "etcdserver: request is too large";
 

@@ -339,6 +339,26 @@ async fn grow_three_to_five_then_lose_two() {
         assert_eq!(listed.name, name);
         assert_eq!(listed.client_urls, joiner.url());
         assert!(listed.learner);
+        // A learner serves only Status and serializable reads, as etcd.
+        ctl_err(
+            &joiner.endpoint(),
+            &["put", "via-learner", "x"],
+            "etcdserver: rpc not supported for learner",
+        )
+        .await;
+        ctl_err(
+            &joiner.endpoint(),
+            &["get", "before/000"],
+            "etcdserver: rpc not supported for learner",
+        )
+        .await;
+        ctl_ok(
+            &joiner.endpoint(),
+            &["get", "--consistency=s", "before/000"],
+        )
+        .await;
+        let mut jc = client(&joiner.endpoint()).await;
+        assert!(jc.status().await.unwrap().is_learner());
         promote_when_ready(&all, id, Duration::from_secs(15)).await;
         // It was sent a snapshot (it takes none of its own this early).
         let snaps = std::fs::read_dir(dir.path().join(name).join("snap"))
