@@ -571,36 +571,50 @@ pub(crate) async fn join_existing(
         peer_urls: config.peer_urls.clone(),
     })
     .map_err(|e| StartError::Raft(e.to_string()))?;
+    // Every listed member is asked in each round, and an answer that lists this member wins:
+    // a lagging member may not have applied the MemberAdd yet. Only when every listed member
+    // answered without it is the member refused at once; otherwise rounds repeat until the
+    // deadline.
     let deadline = Instant::now() + JOIN_DISCOVERY_TIMEOUT;
-    let (cluster_id, answer) = 'found: loop {
+    let mine = |answer: &JoinResponse| {
+        answer
+            .members
+            .iter()
+            .find(|(_, m)| normalize(&m.peer_urls) == own)
+            .cloned()
+    };
+    let (cluster_id, (id, member)) = 'found: loop {
         let mut errors = Vec::new();
+        let mut answered_without_me = 0;
         for url in &others {
             match crate::network::ask_members(url, request.clone(), Duration::from_secs(2)).await {
                 Ok((cluster_id, payload)) => match wire::decode::<JoinResponse>(&payload) {
-                    Ok(answer) if !answer.voters.is_empty() => break 'found (cluster_id, answer),
-                    Ok(_) => errors.push(format!("{url}: not initialized yet")),
+                    Ok(answer) if answer.voters.is_empty() => {
+                        errors.push(format!("{url}: not initialized yet"))
+                    }
+                    Ok(answer) => match mine(&answer) {
+                        Some(found) => break 'found (cluster_id, found),
+                        None => answered_without_me += 1,
+                    },
                     Err(e) => errors.push(format!("{url}: {e}")),
                 },
                 Err(e) => errors.push(format!("{url}: {e}")),
             }
         }
-        if Instant::now() >= deadline || others.is_empty() {
+        let out_of_time = Instant::now() >= deadline || others.is_empty();
+        if answered_without_me > 0 && (answered_without_me == others.len() || out_of_time) {
+            return Err(JoinError::NotAMember(config.peer_urls.clone()).into());
+        }
+        if out_of_time {
             return Err(JoinError::NoPeerAnswered(errors.join("; ")).into());
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    let Some((id, member)) = answer
-        .members
-        .iter()
-        .find(|(_, m)| normalize(&m.peer_urls) == own)
-    else {
-        return Err(JoinError::NotAMember(config.peer_urls.clone()).into());
-    };
     if !member.name.is_empty() {
-        return Err(JoinError::AlreadyBootstrapped { id: *id }.into());
+        return Err(JoinError::AlreadyBootstrapped { id }.into());
     }
     let meta = MemberMeta {
-        member_id: *id,
+        member_id: id,
         cluster_id,
         name: config.name.clone(),
     };
