@@ -109,6 +109,99 @@ impl Client {
         .await
     }
 
+    /// Adds a member with `peer_urls` (etcd's `Cluster.MemberAdd`); a learner if
+    /// `is_learner`. The response names the new member (its id) and lists every member.
+    /// Sent once: a repeated add would add a second member.
+    pub async fn member_add(
+        &self,
+        peer_urls: Vec<String>,
+        is_learner: bool,
+    ) -> Result<pb::MemberAddResponse> {
+        self.call(
+            "Cluster/MemberAdd",
+            Retry::Once,
+            Deadline::Default,
+            |ch, t| {
+                let r = request(
+                    pb::MemberAddRequest {
+                        peer_ur_ls: peer_urls.clone(),
+                        is_learner,
+                    },
+                    t,
+                );
+                async move { ClusterClient::new(ch).member_add(r).await }
+            },
+        )
+        .await
+    }
+
+    /// Removes a member (etcd's `Cluster.MemberRemove`).
+    pub async fn member_remove(&self, id: u64) -> Result<pb::MemberRemoveResponse> {
+        self.call(
+            "Cluster/MemberRemove",
+            Retry::Once,
+            Deadline::Default,
+            |ch, t| {
+                let r = request(pb::MemberRemoveRequest { id }, t);
+                async move { ClusterClient::new(ch).member_remove(r).await }
+            },
+        )
+        .await
+    }
+
+    /// Gives a member new peer URLs (etcd's `Cluster.MemberUpdate`).
+    pub async fn member_update(
+        &self,
+        id: u64,
+        peer_urls: Vec<String>,
+    ) -> Result<pb::MemberUpdateResponse> {
+        self.call(
+            "Cluster/MemberUpdate",
+            Retry::Once,
+            Deadline::Default,
+            |ch, t| {
+                let r = request(
+                    pb::MemberUpdateRequest {
+                        id,
+                        peer_ur_ls: peer_urls.clone(),
+                    },
+                    t,
+                );
+                async move { ClusterClient::new(ch).member_update(r).await }
+            },
+        )
+        .await
+    }
+
+    /// Makes a learner that has caught up a voter (etcd's `Cluster.MemberPromote`).
+    pub async fn member_promote(&self, id: u64) -> Result<pb::MemberPromoteResponse> {
+        self.call(
+            "Cluster/MemberPromote",
+            Retry::Once,
+            Deadline::Default,
+            |ch, t| {
+                let r = request(pb::MemberPromoteRequest { id }, t);
+                async move { ClusterClient::new(ch).member_promote(r).await }
+            },
+        )
+        .await
+    }
+
+    /// Hands leadership to `target` (etcd's `Maintenance.MoveLeader`). Only the leader
+    /// accepts it ("etcdserver: not leader" elsewhere): connect to the leader's endpoint.
+    pub async fn move_leader(&self, target: u64) -> Result<pb::MoveLeaderResponse> {
+        self.call(
+            "Maintenance/MoveLeader",
+            Retry::Once,
+            Deadline::Default,
+            |ch, t| {
+                let r = request(pb::MoveLeaderRequest { target_id: target }, t);
+                async move { MaintenanceClient::new(ch).move_leader(r).await }
+            },
+        )
+        .await
+    }
+
     /// Locks in the server's lock registry, in name order, each with its holder (key,
     /// fencing token, lease) and number of waiters; `more` says a next page exists.
     /// Baton only: etcd has no lock registry ([`Error::Unsupported`]).

@@ -16,8 +16,9 @@ pub enum InitialClusterState {
     /// Create the cluster: with an empty data directory, the member with the smallest id
     /// initializes Raft with every member of `--initial-cluster`.
     New,
-    /// Join a cluster that already exists: never initialize. Only a member that has data
-    /// (a restart) can do so for now; adding members arrives with `MemberAdd`.
+    /// Join a cluster that already exists: never initialize. A member with data restarts
+    /// as itself; one with an empty data directory asks the other listed members for the
+    /// membership and adopts the id `MemberAdd` gave its peer URLs (`membership`).
     Existing,
 }
 
@@ -66,11 +67,6 @@ pub enum ClusterConfigError {
     },
     #[error("members {a:?} and {b:?} hash to the same id; rename one")]
     IdCollision { a: String, b: String },
-    #[error(
-        "--initial-cluster-state existing needs this member's data directory: joining a \
-         cluster as a new member (MemberAdd) is not supported yet"
-    )]
-    ExistingWithoutData,
 }
 
 /// Parses `name1=url1,name2=url2,...` (etcd's syntax; a name may repeat to give a member

@@ -30,11 +30,13 @@ mod cluster;
 mod deletions;
 mod files;
 mod lease;
+mod membership;
 mod network;
 mod peer_server;
 mod proposer;
 mod sm;
 mod snapshot;
+mod transfer;
 mod types;
 mod wal;
 mod wire;
@@ -62,9 +64,11 @@ pub use crate::cluster::{
 };
 pub use crate::deletions::KeyDeletion;
 use crate::files::MemberMeta;
+pub use crate::membership::{JoinError, MemberChanged, MemberError, REMOVED_MESSAGE};
 use crate::network::{Method, PeerError, PeerNetwork, Peers};
 use crate::proposer::Proposer;
 use crate::sm::{AppliedState, CurrentSnapshot, Shared, StateStore};
+pub use crate::transfer::TransferError;
 use crate::types::{Member, Raft};
 use crate::wire::{ForwardedProposal, LeaderRequest, LeaderResponse};
 
@@ -114,7 +118,7 @@ impl NodeConfig {
 }
 
 /// A member as shown by `MemberList`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemberInfo {
     pub id: u64,
     pub name: String,
@@ -212,6 +216,10 @@ pub enum StartError {
     /// The cluster flags are inconsistent.
     #[error(transparent)]
     Config(#[from] ClusterConfigError),
+    /// Joining an existing cluster (`--initial-cluster-state existing`, empty data
+    /// directory) failed.
+    #[error(transparent)]
+    Join(#[from] JoinError),
     /// A peer address could not be bound.
     #[error("cannot listen for peers on {addr}: {source}")]
     Bind {
@@ -282,6 +290,8 @@ struct Inner {
     leadership_confirmed: parking_lot::Mutex<Option<(u64, Instant)>>,
     /// One leadership confirmation in flight at a time; concurrent keep-alives share it.
     confirming: tokio::sync::Mutex<()>,
+    /// Closed while a leader transfer waits for the followers' leases to expire.
+    transfer: transfer::TransferGate,
     /// Holds the data directory's advisory lock until `shutdown` has stopped every writer
     /// (or the replica is dropped), so a restarted replica in the same process can take it.
     dir_lock: parking_lot::Mutex<Option<fs::File>>,
@@ -349,7 +359,9 @@ fn load_or_create_member(
         Some(Ok(payload)) => {
             let meta =
                 files::decode_member(&payload).map_err(|reason| invalid_data(&path, reason))?;
-            if let Some((ids, _)) = initial {
+            // A member that joined (`existing`) took its ids from the cluster, not from the
+            // flags: nothing to compare.
+            if let Some((ids, InitialClusterState::New)) = initial {
                 if ids.cluster_id != meta.cluster_id || ids.id_of(name) != Some(meta.member_id) {
                     tracing::warn!(
                         member_id = format_args!("{:x}", meta.member_id),
@@ -372,8 +384,11 @@ fn load_or_create_member(
         None => {
             let meta = match initial {
                 None => files::new_identity(name),
+                // `Node::start` joins instead (`membership::join_existing`).
                 Some((_, InitialClusterState::Existing)) => {
-                    return Err(ClusterConfigError::ExistingWithoutData.into())
+                    return Err(StartError::Raft(
+                        "internal: a joining member must take its identity from the cluster".into(),
+                    ))
                 }
                 Some((ids, InitialClusterState::New)) => MemberMeta {
                     member_id: ids
@@ -487,7 +502,17 @@ impl Node {
         let (state, current_snapshot) = load_state(&snap_dir)?;
         let recovered = wal::recover(&raft_dir)?;
         let pristine = recovered.mem.is_pristine() && current_snapshot.is_none();
-        let member = load_or_create_member(&data_dir, &config.name, pristine, initial.as_ref())?;
+        let member = match (&config.cluster, &initial) {
+            (Some(c), Some((_, InitialClusterState::Existing))) if pristine => {
+                let listed = c
+                    .initial_members
+                    .iter()
+                    .flat_map(|m| m.peer_urls.clone())
+                    .collect();
+                membership::join_existing(&data_dir, &config, listed).await?
+            }
+            _ => load_or_create_member(&data_dir, &config.name, pristine, initial.as_ref())?,
+        };
         // Bound before Raft starts: a port conflict fails the start instead of leaving a
         // member that nobody can reach.
         let peer_listeners = match &config.cluster {
@@ -570,6 +595,7 @@ impl Node {
                 tasks: parking_lot::Mutex::new(vec![proposer_task]),
                 leadership_confirmed: parking_lot::Mutex::new(None),
                 confirming: tokio::sync::Mutex::new(()),
+                transfer: transfer::TransferGate::new(),
                 dir_lock: parking_lot::Mutex::new(Some(dir_lock)),
             }),
         };
@@ -589,7 +615,11 @@ impl Node {
         }
         let lease_task = tokio::spawn(lease_loop(Arc::downgrade(&node.inner)));
         let publish_task = tokio::spawn(publish_loop(Arc::downgrade(&node.inner)));
-        node.inner.tasks.lock().extend([lease_task, publish_task]);
+        let removal_task = tokio::spawn(membership::removal_loop(Arc::downgrade(&node.inner)));
+        node.inner
+            .tasks
+            .lock()
+            .extend([lease_task, publish_task, removal_task]);
         Ok(node)
     }
 
@@ -602,10 +632,20 @@ impl Node {
     pub async fn propose(&self, command: Command) -> Result<Proposed, ProposeError> {
         let inner = &self.inner;
         let deadline = Instant::now() + REQUEST_TIMEOUT;
-        let req = match inner
-            .route(LeaderRequest::Propose(command), deadline)
-            .await?
-        {
+        let mut req = LeaderRequest::Propose(command);
+        let req = loop {
+            // During a leader transfer on this member, wait for it: the request then goes
+            // to whoever leads afterwards (checked again after routing, which may have
+            // waited: a proposal made here during a transfer would only fail `NotLeader`).
+            inner.wait_transfer(deadline).await;
+            match inner.route(req, deadline).await? {
+                Routed::Local(r) if inner.transfer_active() && Instant::now() < deadline => {
+                    req = r;
+                }
+                routed => break routed,
+            }
+        };
+        let req = match req {
             Routed::Local(req) => req,
             Routed::Remote(LeaderResponse::Proposed(p)) => {
                 // Committed: a slow local apply does not make it fail, only later visible.
@@ -635,6 +675,7 @@ impl Node {
     pub async fn read_barrier(&self) -> Result<(), ProposeError> {
         let inner = &self.inner;
         let deadline = Instant::now() + REQUEST_TIMEOUT;
+        inner.wait_transfer(deadline).await;
         let index = match inner.route(LeaderRequest::ReadIndex, deadline).await? {
             Routed::Local(_) => inner.read_index_local().await?,
             Routed::Remote(LeaderResponse::ReadIndex(index)) => index,
@@ -1036,6 +1077,7 @@ impl Inner {
     /// Proposes through this replica's own proposer (it must be the leader).
     async fn propose(&self, command: Command) -> Result<Proposed, ProposeError> {
         self.check_running()?;
+        self.wait_transfer(Instant::now() + REQUEST_TIMEOUT).await;
         self.proposer.propose(command).await
     }
 
@@ -1162,6 +1204,7 @@ impl Inner {
     /// on another member).
     async fn read_index_local(&self) -> Result<u64, ProposeError> {
         self.check_running()?;
+        self.wait_transfer(Instant::now() + REQUEST_TIMEOUT).await;
         match tokio::time::timeout(REQUEST_TIMEOUT, self.raft.get_read_log_id()).await {
             Err(_) => Err(ProposeError::Timeout),
             Ok(Ok((read_log_id, _))) => Ok(read_log_id.map_or(0, |l| l.index)),
@@ -1314,6 +1357,13 @@ impl Inner {
                         read_index,
                         lease_alive,
                     })
+            }
+            LeaderRequest::ChangeMembers(change) => {
+                let deadline = Instant::now() + REQUEST_TIMEOUT;
+                match self.change_members_local(change, deadline).await {
+                    Err(MemberError::Propose(e)) => Err(e),
+                    res => Ok(LeaderResponse::MembersChanged(res)),
+                }
             }
         };
         res.unwrap_or_else(LeaderResponse::Failed)

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use baton_proto::baton::raft::v1::raft_client::RaftClient;
 use baton_proto::baton::raft::v1::PeerMessage;
@@ -49,6 +49,7 @@ pub(crate) enum Method {
     Vote,
     InstallSnapshot,
     Forward,
+    TimeoutNow,
 }
 
 /// Why a call to a peer failed. What matters to callers is whether the request may have been
@@ -108,6 +109,12 @@ pub(crate) struct Peers {
     /// Per peer: the URLs the channel was made for (a membership change of a peer's URLs
     /// makes a new channel) and the channel.
     channels: Mutex<HashMap<u64, (Vec<String>, Channel)>>,
+    /// When each peer last answered a call (any method): the leader heartbeats every voter
+    /// and learner, so this is etcd's "active since" used by the reconfiguration checks.
+    last_answer: Mutex<HashMap<u64, Instant>>,
+    /// Set once a peer told this member it has been removed from the cluster (see
+    /// `membership`); the embedder stops serving then.
+    removed: tokio::sync::watch::Sender<bool>,
 }
 
 impl Peers {
@@ -116,7 +123,27 @@ impl Peers {
             cluster_id,
             me,
             channels: Mutex::new(HashMap::new()),
+            last_answer: Mutex::new(HashMap::new()),
+            removed: tokio::sync::watch::channel(false).0,
         }
+    }
+
+    /// Whether `target` answered a call within `within`.
+    pub(crate) fn active_within(&self, target: u64, within: Duration) -> bool {
+        self.last_answer
+            .lock()
+            .get(&target)
+            .is_some_and(|t| t.elapsed() <= within)
+    }
+
+    /// Records that this member has been removed from the cluster (first time: `true`).
+    pub(crate) fn mark_removed(&self) -> bool {
+        !self.removed.send_replace(true)
+    }
+
+    /// Resolves once this member is known to have been removed.
+    pub(crate) fn removed(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.removed.subscribe()
     }
 
     fn channel(&self, target: u64, node: &Member) -> Result<Channel, PeerError> {
@@ -169,6 +196,7 @@ impl Peers {
                 Method::Vote => client.vote(msg).await,
                 Method::InstallSnapshot => client.install_snapshot(msg).await,
                 Method::Forward => client.forward(msg).await,
+                Method::TimeoutNow => client.timeout_now(msg).await,
             }
         };
         let resp = match tokio::time::timeout(timeout, call).await {
@@ -180,6 +208,18 @@ impl Peers {
             }
             Ok(Err(status)) => {
                 let reason = format!("{method:?}: {}", status.message());
+                if status.code() == tonic::Code::PermissionDenied
+                    && status.message() == crate::membership::REMOVED_MESSAGE
+                {
+                    if self.mark_removed() {
+                        tracing::error!(
+                            peer = format_args!("{target:x}"),
+                            "{}",
+                            crate::membership::REMOVED_MESSAGE
+                        );
+                    }
+                    return Err(PeerError::WrongPeer { target, reason });
+                }
                 return Err(match status.code() {
                     tonic::Code::FailedPrecondition => PeerError::WrongPeer { target, reason },
                     tonic::Code::Unavailable if connection_refused(&status) => {
@@ -190,6 +230,7 @@ impl Peers {
             }
             Ok(Ok(resp)) => resp.into_inner(),
         };
+        self.last_answer.lock().insert(target, Instant::now());
         if resp.cluster_id != self.cluster_id || resp.from != target || resp.to != self.me {
             return Err(PeerError::Failed {
                 target,
@@ -332,4 +373,39 @@ impl RaftNetwork<TypeConfig> for PeerClient {
                 .map(Duration::from_millis),
         )
     }
+}
+
+/// Asks the member at `url` for the cluster's membership on behalf of a member that joins
+/// with an empty data directory and knows neither the cluster id nor its own member id yet
+/// (the envelope carries zeros for both; the answer's envelope names the cluster).
+pub(crate) async fn ask_members(
+    url: &str,
+    payload: Vec<u8>,
+    timeout: Duration,
+) -> Result<(u64, Vec<u8>), String> {
+    let endpoint = Endpoint::from_shared(url.to_string())
+        .map_err(|e| format!("bad peer URL {url}: {e}"))?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .timeout(timeout);
+    let call = async {
+        let ch = endpoint.connect().await.map_err(|e| e.to_string())?;
+        let mut client = RaftClient::new(ch)
+            .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES + 4096)
+            .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES + 4096);
+        let msg = PeerMessage {
+            cluster_id: 0,
+            from: 0,
+            to: 0,
+            payload,
+        };
+        let resp = client
+            .members(msg)
+            .await
+            .map_err(|s| s.message().to_string())?
+            .into_inner();
+        Ok((resp.cluster_id, resp.payload))
+    };
+    tokio::time::timeout(timeout, call)
+        .await
+        .map_err(|_| format!("no answer within {timeout:?}"))?
 }

@@ -14,6 +14,7 @@ use baton_proto::baton::raft::v1::PeerMessage;
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use tonic::{Request, Response, Status};
 
+use crate::membership::{JoinRequest, REMOVED_MESSAGE};
 use crate::types::{Raft, TypeConfig};
 use crate::wire::{self, LeaderRequest, MAX_PEER_MESSAGE_BYTES};
 use crate::{Inner, StartError};
@@ -79,6 +80,7 @@ impl RaftService for PeerService {
 
     async fn vote(&self, request: Request<PeerMessage>) -> Result<Response<PeerMessage>, Status> {
         let (from, payload) = self.open(request)?;
+        self.refuse_removed(from)?;
         let rpc: VoteRequest<u64> = decode(&payload)?;
         let res = self.raft.vote(rpc).await;
         self.reply(from, &res)
@@ -99,12 +101,58 @@ impl RaftService for PeerService {
         request: Request<PeerMessage>,
     ) -> Result<Response<PeerMessage>, Status> {
         let (from, payload) = self.open(request)?;
+        self.refuse_removed(from)?;
         let req: LeaderRequest = decode(&payload)?;
         let Some(inner) = self.node.upgrade() else {
             return Err(Status::unavailable("baton: member is shutting down"));
         };
         let resp = inner.serve_leader_request(req).await;
         self.reply(from, &resp)
+    }
+
+    async fn members(
+        &self,
+        request: Request<PeerMessage>,
+    ) -> Result<Response<PeerMessage>, Status> {
+        // The joiner knows neither the cluster id nor its id: no envelope check; what it gets
+        // is the membership, which every member shows its clients anyway.
+        let msg = request.into_inner();
+        let req: JoinRequest = decode(&msg.payload)?;
+        let Some(inner) = self.node.upgrade() else {
+            return Err(Status::unavailable("baton: member is shutting down"));
+        };
+        let resp = inner.serve_join(req);
+        self.reply(0, &resp)
+    }
+
+    async fn timeout_now(
+        &self,
+        request: Request<PeerMessage>,
+    ) -> Result<Response<PeerMessage>, Status> {
+        let (from, payload) = self.open(request)?;
+        let term: u64 = decode(&payload)?;
+        let Some(inner) = self.node.upgrade() else {
+            return Err(Status::unavailable("baton: member is shutting down"));
+        };
+        let resp = inner.serve_timeout_now(from, term).await;
+        self.reply(from, &resp)
+    }
+}
+
+impl PeerService {
+    /// A leader refuses votes and forwarded requests from members that are not in its
+    /// membership, telling them they were removed (etcd answers a removed member's messages
+    /// with "the member has been permanently removed from the cluster"). Only the leader
+    /// decides: it holds every configuration ever proposed, while a lagging follower may not
+    /// yet know a member that was just added.
+    fn refuse_removed(&self, from: u64) -> Result<(), Status> {
+        let Some(inner) = self.node.upgrade() else {
+            return Ok(());
+        };
+        if inner.sender_was_removed(from) {
+            return Err(Status::permission_denied(REMOVED_MESSAGE));
+        }
+        Ok(())
     }
 }
 

@@ -10,6 +10,7 @@ use bincode::Options;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::membership::{MemberChange, MemberChanged, MemberError};
 use crate::types::Member;
 use crate::{KeepAlive, ProposeError};
 
@@ -68,13 +69,20 @@ pub(crate) enum LeaderRequest {
     /// Before a lock grant: confirm leadership (ReadIndex), then say whether the lease is
     /// alive on the leader's lease clock.
     GrantCheck(LeaseId),
+    /// A membership change (etcd's MemberAdd/Remove/Update/Promote), checked and made by the
+    /// leader.
+    ChangeMembers(MemberChange),
 }
 
 impl LeaderRequest {
     /// Whether sending it twice is harmless, so a failed attempt may be retried blindly even
-    /// when it may have reached the leader. A proposal is not: it could be applied twice.
+    /// when it may have reached the leader. A proposal is not: it could be applied twice; nor
+    /// is a membership change (a second MemberAdd would add a second member).
     pub(crate) fn is_idempotent(&self) -> bool {
-        !matches!(self, LeaderRequest::Propose(_))
+        !matches!(
+            self,
+            LeaderRequest::Propose(_) | LeaderRequest::ChangeMembers(_)
+        )
     }
 }
 
@@ -87,7 +95,14 @@ pub(crate) enum LeaderResponse {
     KeepAlive(KeepAlive),
     TimeToLive(Option<i64>),
     Published,
-    GrantCheck { read_index: u64, lease_alive: bool },
+    GrantCheck {
+        read_index: u64,
+        lease_alive: bool,
+    },
+    /// The outcome of `ChangeMembers`: refusals that are not about leadership (unknown
+    /// member, not enough started members, …) travel here; `NotLeader` and the like come as
+    /// `Failed` so the follower retries.
+    MembersChanged(Result<MemberChanged, MemberError>),
     Failed(ProposeError),
 }
 

@@ -1,10 +1,12 @@
-//! `etcdserverpb.Cluster`: the member list. Membership changes arrive with multi-member
-//! clusters; until then they are refused with a message that says so.
+//! `etcdserverpb.Cluster`: the member list and membership changes (etcd's MemberAdd,
+//! MemberRemove, MemberUpdate, MemberPromote). The checks and the change itself are made by
+//! the leader (`baton_raft::Node::member_add` and friends forward from a follower).
 
 use baton_proto::etcdserverpb as pb;
+use baton_raft::MemberInfo;
 use tonic::{Request, Status};
 
-use crate::errors::not_supported;
+use crate::errors::member_status;
 use crate::Shared;
 
 /// The Cluster service.
@@ -14,42 +16,75 @@ pub struct ClusterService {
 
 impl ClusterService {
     fn members(&self) -> Vec<pb::Member> {
-        self.shared
-            .node
-            .members()
-            .into_iter()
-            .map(|m| pb::Member {
-                id: m.id,
-                name: m.name,
-                peer_ur_ls: m.peer_urls,
-                client_ur_ls: m.client_urls,
-                is_learner: m.is_learner,
-            })
-            .collect()
+        to_pb(self.shared.node.members())
     }
+}
+
+fn member_pb(m: MemberInfo) -> pb::Member {
+    pb::Member {
+        id: m.id,
+        name: m.name,
+        peer_ur_ls: m.peer_urls,
+        client_ur_ls: m.client_urls,
+        is_learner: m.is_learner,
+    }
+}
+
+fn to_pb(members: Vec<MemberInfo>) -> Vec<pb::Member> {
+    members.into_iter().map(member_pb).collect()
 }
 
 #[tonic::async_trait]
 impl pb::cluster_server::Cluster for ClusterService {
     async fn member_add(
         &self,
-        _request: Request<pb::MemberAddRequest>,
+        request: Request<pb::MemberAddRequest>,
     ) -> Result<tonic::Response<pb::MemberAddResponse>, Status> {
-        Err(not_supported("adding members"))
+        let req = request.into_inner();
+        let changed = self
+            .shared
+            .node
+            .member_add(req.peer_ur_ls, req.is_learner)
+            .await
+            .map_err(|e| member_status(&e))?;
+        Ok(tonic::Response::new(pb::MemberAddResponse {
+            header: Some(self.shared.header()),
+            member: changed.added.map(member_pb),
+            members: to_pb(changed.members),
+        }))
     }
 
     async fn member_remove(
         &self,
-        _request: Request<pb::MemberRemoveRequest>,
+        request: Request<pb::MemberRemoveRequest>,
     ) -> Result<tonic::Response<pb::MemberRemoveResponse>, Status> {
-        Err(not_supported("removing members"))
+        let changed = self
+            .shared
+            .node
+            .member_remove(request.into_inner().id)
+            .await
+            .map_err(|e| member_status(&e))?;
+        Ok(tonic::Response::new(pb::MemberRemoveResponse {
+            header: Some(self.shared.header()),
+            members: to_pb(changed.members),
+        }))
     }
 
     async fn member_update(
         &self,
-        _request: Request<pb::MemberUpdateRequest>,
+        request: Request<pb::MemberUpdateRequest>,
     ) -> Result<tonic::Response<pb::MemberUpdateResponse>, Status> {
-        Err(not_supported("updating members"))
+        let req = request.into_inner();
+        let changed = self
+            .shared
+            .node
+            .member_update(req.id, req.peer_ur_ls)
+            .await
+            .map_err(|e| member_status(&e))?;
+        Ok(tonic::Response::new(pb::MemberUpdateResponse {
+            header: Some(self.shared.header()),
+            members: to_pb(changed.members),
+        }))
     }
 
     async fn member_list(
@@ -67,8 +102,17 @@ impl pb::cluster_server::Cluster for ClusterService {
 
     async fn member_promote(
         &self,
-        _request: Request<pb::MemberPromoteRequest>,
+        request: Request<pb::MemberPromoteRequest>,
     ) -> Result<tonic::Response<pb::MemberPromoteResponse>, Status> {
-        Err(not_supported("promoting learners"))
+        let changed = self
+            .shared
+            .node
+            .member_promote(request.into_inner().id)
+            .await
+            .map_err(|e| member_status(&e))?;
+        Ok(tonic::Response::new(pb::MemberPromoteResponse {
+            header: Some(self.shared.header()),
+            members: to_pb(changed.members),
+        }))
     }
 }

@@ -4,7 +4,7 @@
 //! exact message text, so every message here is byte-identical to etcd's.
 
 use baton_core::KvError;
-use baton_raft::ProposeError;
+use baton_raft::{MemberError, ProposeError, TransferError};
 use tonic::{Code, Status};
 
 /// etcd's message when the cluster has no leader.
@@ -17,6 +17,8 @@ pub const TIMED_OUT: &str = "etcdserver: request timed out";
 /// (`ErrTimeoutDueToLeaderFail`).
 pub const TIMED_OUT_LEADER_FAIL: &str =
     "etcdserver: request timed out, possibly due to previous leader failure";
+/// etcd's message for an RPC a learner does not serve (code `Unavailable`).
+pub const NOT_SUPPORTED_FOR_LEARNER: &str = "etcdserver: rpc not supported for learner";
 /// etcd's message for an oversized request.
 pub const TOO_LARGE: &str = "etcdserver: request is too large";
 
@@ -129,6 +131,55 @@ pub fn propose_status(err: &ProposeError) -> Status {
     }
 }
 
+/// Maps a refused membership change to etcd's status (`rpctypes`: `ErrGRPCMemberNotFound`,
+/// `ErrGRPCPeerURLExist`, …).
+pub fn member_status(err: &MemberError) -> Status {
+    match err {
+        MemberError::NotFound => Status::not_found("etcdserver: member not found"),
+        MemberError::PeerUrlsExist => {
+            Status::failed_precondition("etcdserver: Peer URLs already exists")
+        }
+        MemberError::BadUrls => {
+            Status::invalid_argument("etcdserver: given member URLs are invalid")
+        }
+        MemberError::NotLearner => {
+            Status::failed_precondition("etcdserver: can only promote a learner member")
+        }
+        MemberError::LearnerNotReady => Status::failed_precondition(
+            "etcdserver: can only promote a learner member which is in sync with leader",
+        ),
+        MemberError::TooManyLearners => {
+            Status::failed_precondition("etcdserver: too many learner members in cluster")
+        }
+        MemberError::NotEnoughStarted => Status::failed_precondition(
+            "etcdserver: re-configuration failed due to not enough started members",
+        ),
+        MemberError::Unhealthy => Status::unavailable("etcdserver: unhealthy cluster"),
+        MemberError::NotClustered => Status::failed_precondition(
+            "baton: this member was started without --initial-cluster and cannot have peers",
+        ),
+        MemberError::Propose(e) => propose_status(e),
+    }
+}
+
+/// Maps a failed leader transfer to etcd's status (`ErrGRPCNotLeader`,
+/// `ErrGRPCBadLeaderTransferee`, `ErrGRPCTimeoutLeaderTransfer`).
+pub fn transfer_status(err: &TransferError) -> Status {
+    match err {
+        TransferError::NotLeader => Status::failed_precondition("etcdserver: not leader"),
+        TransferError::BadTransferee => {
+            Status::failed_precondition("etcdserver: bad leader transferee")
+        }
+        TransferError::InProgress => {
+            Status::failed_precondition("baton: a leader transfer is already in progress")
+        }
+        TransferError::Timeout => {
+            Status::unavailable("etcdserver: request timed out, leader transfer took too long")
+        }
+        TransferError::Propose(e) => propose_status(e),
+    }
+}
+
 /// The error for an RPC that Baton does not offer yet; names what is missing instead of
 /// gRPC's bare "unimplemented".
 pub fn not_supported(what: &str) -> Status {
@@ -138,6 +189,60 @@ pub fn not_supported(what: &str) -> Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn membership_and_transfer_errors_are_etcds() {
+        let cases = [
+            (
+                member_status(&MemberError::NotFound),
+                Code::NotFound,
+                "etcdserver: member not found",
+            ),
+            (
+                member_status(&MemberError::PeerUrlsExist),
+                Code::FailedPrecondition,
+                "etcdserver: Peer URLs already exists",
+            ),
+            (
+                member_status(&MemberError::NotLearner),
+                Code::FailedPrecondition,
+                "etcdserver: can only promote a learner member",
+            ),
+            (
+                member_status(&MemberError::LearnerNotReady),
+                Code::FailedPrecondition,
+                "etcdserver: can only promote a learner member which is in sync with leader",
+            ),
+            (
+                member_status(&MemberError::NotEnoughStarted),
+                Code::FailedPrecondition,
+                "etcdserver: re-configuration failed due to not enough started members",
+            ),
+            (
+                member_status(&MemberError::BadUrls),
+                Code::InvalidArgument,
+                "etcdserver: given member URLs are invalid",
+            ),
+            (
+                transfer_status(&TransferError::NotLeader),
+                Code::FailedPrecondition,
+                "etcdserver: not leader",
+            ),
+            (
+                transfer_status(&TransferError::BadTransferee),
+                Code::FailedPrecondition,
+                "etcdserver: bad leader transferee",
+            ),
+            (
+                transfer_status(&TransferError::Timeout),
+                Code::Unavailable,
+                "etcdserver: request timed out, leader transfer took too long",
+            ),
+        ];
+        for (status, code, message) in cases {
+            assert_eq!((status.code(), status.message()), (code, message));
+        }
+    }
 
     #[test]
     fn messages_are_etcds() {

@@ -47,6 +47,12 @@ impl pb::kv_server::Kv for KvService {
             return Err(kv_status(&KvError::EmptyKey));
         }
         if !req.serializable {
+            // A learner serves only serializable reads (etcd's isRPCSupportedForLearner).
+            if self.shared.node.is_learner() {
+                return Err(Status::unavailable(
+                    crate::errors::NOT_SUPPORTED_FOR_LEARNER,
+                ));
+            }
             self.shared.read_barrier().await?;
         }
         let req = convert::range_from_pb(req);

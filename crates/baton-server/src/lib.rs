@@ -19,6 +19,7 @@ pub mod errors;
 pub mod exactly_once;
 pub mod http;
 pub mod kv;
+pub mod learner_layer;
 pub mod lease;
 pub mod locks;
 pub mod maintenance;
@@ -155,6 +156,9 @@ pub async fn serve_with_locks(
         let router = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .layer(metrics_layer::GrpcMetricsLayer)
+            .layer(learner_layer::LearnerGuardLayer {
+                node: shared.node.clone(),
+            })
             .add_service(
                 KvServer::new(kv::KvService {
                     shared: shared.clone(),

@@ -56,7 +56,7 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
             raft_applied_index: st.applied_index,
             errors: Vec::new(),
             db_size_in_use: in_use as i64,
-            is_learner: false,
+            is_learner: self.shared.node.is_learner(),
         }))
     }
 
@@ -118,12 +118,11 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         request: Request<pb::MoveLeaderRequest>,
     ) -> Result<tonic::Response<pb::MoveLeaderResponse>, Status> {
         let target = request.into_inner().target_id;
-        let st = self.shared.node.status();
-        if target != st.member_id {
-            return Err(Status::failed_precondition(
-                "etcdserver: bad leader transferee",
-            ));
-        }
+        self.shared
+            .node
+            .move_leader(target)
+            .await
+            .map_err(|e| crate::errors::transfer_status(&e))?;
         Ok(tonic::Response::new(pb::MoveLeaderResponse {
             header: Some(self.shared.header()),
         }))

@@ -1,7 +1,7 @@
 //! `baton`: the one binary. `baton serve` runs a member that speaks the etcd v3 API; the
 //! other subcommands are its command-line client, all on `baton-client`: `baton kv`,
-//! `baton lease` and `baton status` for data and operators, `baton lock` and `baton elect`
-//! for Baton's locks and elections.
+//! `baton lease`, `baton status`, `baton member` and `baton move-leader` for data and
+//! operators, `baton lock` and `baton elect` for Baton's locks and elections.
 
 mod cli;
 mod serve;
@@ -36,6 +36,8 @@ enum Command {
     Status(cli::status::StatusArgs),
     Lock(cli::lock::LockArgs),
     Elect(cli::elect::ElectArgs),
+    Member(cli::member::MemberArgs),
+    MoveLeader(cli::member::MoveLeaderArgs),
 }
 
 fn main() -> Result<()> {
@@ -58,6 +60,10 @@ fn main() -> Result<()> {
         Command::Elect(args) => {
             let code = runtime.block_on(cli::elect::run(args));
             std::process::exit(code)
+        }
+        Command::Member(args) => std::process::exit(runtime.block_on(cli::member::run(args))),
+        Command::MoveLeader(args) => {
+            std::process::exit(runtime.block_on(cli::member::run_move_leader(args)))
         }
     }
 }

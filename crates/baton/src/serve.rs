@@ -2,6 +2,8 @@
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -38,8 +40,9 @@ pub struct ServeArgs {
     #[arg(long)]
     initial_cluster: Option<String>,
     /// `new`: create the cluster (a member with an empty data directory joins the creation;
-    /// the one with the smallest id initializes it). `existing`: the cluster exists; the
-    /// member must have its data directory (adding members is not supported yet). A member
+    /// the one with the smallest id initializes it). `existing`: the cluster exists; with an
+    /// empty data directory the member joins it after `member add` (it asks the other listed
+    /// members for the membership and finds itself by its advertised peer URLs). A member
     /// with data ignores this, as etcd does.
     #[arg(long, value_enum, default_value_t = ClusterState::New)]
     initial_cluster_state: ClusterState,
@@ -196,10 +199,29 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
             ),
         },
     };
-    let result = baton_server::serve(shared, metrics, shutdown_signal()).await;
+    // A member removed from the cluster stops serving (as etcd does): it would otherwise
+    // answer serializable reads and watches from a state nobody updates any more.
+    let removed = Arc::new(AtomicBool::new(false));
+    let stop = {
+        let node = node.clone();
+        let removed = removed.clone();
+        async move {
+            tokio::select! {
+                _ = shutdown_signal() => {}
+                _ = node.removed() => {
+                    tracing::error!("{}; stopping", baton_raft::REMOVED_MESSAGE);
+                    removed.store(true, Ordering::Release);
+                }
+            }
+        }
+    };
+    let result = baton_server::serve(shared, metrics, stop).await;
     tracing::info!("shutting down");
     node.shutdown().await;
     result.context("serving")?;
+    if removed.load(Ordering::Acquire) {
+        anyhow::bail!(baton_raft::REMOVED_MESSAGE);
+    }
     Ok(())
 }
 

@@ -4,6 +4,8 @@
 //!   thin commands over `baton-client`, sharing the global flags and the error line of
 //!   [`client`] and the three output formats of [`output`] (aligned tables for people,
 //!   tab-separated lines for shell scripts, JSON for programs).
+//! - `baton member list|add|remove|update|promote` and `baton move-leader` ([`member`]):
+//!   etcd's membership calls and leader transfer, in the same formats.
 //! - `baton lock` and `baton elect` ([`lock`], [`elect`]): a `baton-client` session
 //!   ([`session`]) and its `Mutex` or `Election`, so the lease-loss logic is the client's,
 //!   shared with every Rust program using it; the CLI adds running the command in its own
@@ -17,6 +19,7 @@ pub mod elect;
 pub mod kv;
 pub mod lease;
 pub mod lock;
+pub mod member;
 pub mod output;
 pub mod session;
 pub mod status;
