@@ -681,7 +681,7 @@ impl Node {
             .route(LeaderRequest::KeepAlive(id), deadline)
             .await?
         {
-            Routed::Local(_) => self.lease_keep_alive(id),
+            Routed::Local(_) => self.inner.keep_alive_confirmed(id).await,
             Routed::Remote(LeaderResponse::KeepAlive(k)) => Ok(k),
             Routed::Remote(other) => Err(unexpected_answer(other)),
         }
@@ -719,13 +719,24 @@ impl Node {
     /// leader's, where deadlines are kept) neither sees its deadline passed nor has its expiry
     /// in flight. Between a deadline and the applied `ExpireLeases` a lease still exists but
     /// is not alive: a lock must not be granted to it then (etcd#11456).
+    ///
+    /// Only a leader whose clock is rebuilt for its current term knows the deadlines. Every
+    /// other replica's clock holds the deadlines set when each grant was applied and never
+    /// renewed (keep-alives go to the leader), so trusting it made a follower refuse locks to
+    /// every kept-alive lease older than its TTL ("the lease expired before the lock could be
+    /// granted", seen in `crates/baton/tests/chaos.rs`); there the state machine is the only
+    /// authority (the remaining follower gap is described in ARCHITECTURE.md).
     pub fn lease_alive(&self, id: LeaseId) -> bool {
         let shared = &self.inner.shared;
+        let term = self.inner.raft.metrics().borrow().current_term;
         let st = shared.state.read();
         if !st.sm.lease_exists(id) {
             return false;
         }
         let clock = shared.leases.lock();
+        if clock.ready_term() != Some(term) {
+            return true;
+        }
         clock.alive(id, Instant::now()).unwrap_or(true)
     }
 
@@ -859,6 +870,42 @@ impl Inner {
         Ok(KeepAlive::Renewed {
             ttl_s: renewal.granted_ttl_s,
         })
+    }
+
+    /// The leader's half of a keep-alive as answered to a client: the renewal (or "not
+    /// found") on this replica's clock, then leadership confirmed by a quorum.
+    ///
+    /// Why: a leader that was paused (SIGSTOP, a long GC, a frozen VM) or cut off still
+    /// believes it leads when it resumes, until a peer tells it otherwise. Its clock may still
+    /// track a lease the new leader has since expired — renewing it would tell the client it
+    /// holds a lease (and the locks under it) that is gone; or its clock may have marked as
+    /// expiring a lease that the client kept alive through the new leader — "not found" would
+    /// make the client give up a live lease (etcd#15247; etcd confirms leadership in
+    /// `LeaseRenew` too). Both were observed with three processes
+    /// (`crates/baton/tests/leases_failover.rs`).
+    ///
+    /// Confirming *after* the renewal proves this member still led at a point after it, so
+    /// no later leader can have expired the lease before the renewal, and later leaders
+    /// extend deadlines from their own rebuild. A failed confirmation answers `NotLeader` or a
+    /// timeout, so the client (or the forwarding follower) goes to the real leader. The
+    /// renewal left on this clock is harmless: a member rebuilds its clock whenever it starts
+    /// leading a new term.
+    async fn keep_alive_confirmed(
+        self: &Arc<Self>,
+        id: LeaseId,
+    ) -> Result<KeepAlive, ProposeError> {
+        let term = self.raft.metrics().borrow().current_term;
+        let answer = self.keep_alive_local(id)?;
+        self.read_index_local().await?;
+        let (state, leader, now_term) = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            (m.state, m.current_leader, m.current_term)
+        };
+        if state != ServerState::Leader || now_term != term {
+            return Err(leader_error(leader.filter(|l| *l != self.member_id)));
+        }
+        Ok(answer)
     }
 
     fn check_running(&self) -> Result<(), ProposeError> {
@@ -1200,9 +1247,10 @@ impl Inner {
             LeaderRequest::ReadIndex => {
                 self.read_index_local().await.map(LeaderResponse::ReadIndex)
             }
-            LeaderRequest::KeepAlive(id) => {
-                self.keep_alive_local(id).map(LeaderResponse::KeepAlive)
-            }
+            LeaderRequest::KeepAlive(id) => self
+                .keep_alive_confirmed(id)
+                .await
+                .map(LeaderResponse::KeepAlive),
             LeaderRequest::TimeToLive(id) => {
                 self.time_to_live_local(id).map(LeaderResponse::TimeToLive)
             }
