@@ -1163,17 +1163,29 @@ impl Inner {
     /// on another member).
     async fn read_index_local(&self) -> Result<u64, ProposeError> {
         self.check_running()?;
-        match tokio::time::timeout(REQUEST_TIMEOUT, self.raft.get_read_log_id()).await {
-            Err(_) => Err(ProposeError::Timeout),
-            Ok(Ok((read_log_id, _))) => Ok(read_log_id.map_or(0, |l| l.index)),
-            Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)))) => {
-                Err(leader_error(f.leader_id))
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(remaining, self.raft.get_read_log_id()).await {
+                Err(_) => return Err(ProposeError::Timeout),
+                Ok(Ok((read_log_id, _))) => return Ok(read_log_id.map_or(0, |l| l.index)),
+                Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)))) => {
+                    return Err(leader_error(f.leader_id))
+                }
+                // No quorum answered this round of heartbeats within openraft's limit of one
+                // heartbeat interval (100 ms by default): a follower slow for a moment (a
+                // loaded machine, an fsync), not lost leadership — that shows up as
+                // `ForwardToLeader`. Ask again until the deadline, as etcd retries its
+                // ReadIndex; failing at once turned every slow heartbeat into a client-visible
+                // "request timed out" on a healthy cluster (`steady_state.rs`).
+                Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_)))) => {
+                    if Instant::now() + LEADER_RETRY_INTERVAL >= deadline {
+                        return Err(ProposeError::Timeout);
+                    }
+                    tokio::time::sleep(LEADER_RETRY_INTERVAL).await;
+                }
+                Ok(Err(RaftError::Fatal(f))) => return Err(self.fatal_error(&f)),
             }
-            // Leadership could not be confirmed by a quorum in time.
-            Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_)))) => {
-                Err(ProposeError::Timeout)
-            }
-            Ok(Err(RaftError::Fatal(f))) => Err(self.fatal_error(&f)),
         }
     }
 

@@ -176,10 +176,16 @@ pub(crate) struct SnapBuilder {
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        let (meta, body) = {
-            // Serializing under the read lock stalls applies for the duration; an in-memory
-            // store of etcd's recommended size (a few GiB at most) serializes in well under
-            // the election timeout. A copy-on-write store would remove the stall.
+        // Only a copy is taken under the read lock; serializing, checksumming and writing
+        // happen on a blocking thread without it. Serializing under the lock (as before)
+        // stalled every apply for its duration, then every reader queued behind the waiting
+        // apply, until the runtime's worker threads were all blocked and Raft itself stopped:
+        // a follower snapshotting at its 10 000th entry went silent for longer than the
+        // election timeout and then deposed a healthy leader (`steady_state.rs`, three
+        // members under load). The copy costs memory for the state once more while the
+        // snapshot is written, and far less lock time than the encoding.
+        let started = std::time::Instant::now();
+        let (meta, sm) = {
             let st = self.shared.state.read();
             let seq = self.shared.snapshot_seq.fetch_add(1, Ordering::Relaxed);
             let id = st.last_applied.map_or_else(
@@ -191,11 +197,14 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapBuilder {
                 last_membership: st.membership.clone(),
                 snapshot_id: format!("{id}-{seq}"),
             };
-            (meta, st.sm.snapshot())
+            (meta, st.sm.clone())
         };
+        let locked = started.elapsed();
         let shared = self.shared.clone();
         let m = meta.clone();
         let (res, body) = tokio::task::spawn_blocking(move || {
+            let body = sm.snapshot();
+            drop(sm);
             let res = shared.persist_snapshot(&m, &body);
             (res, body)
         })
@@ -207,7 +216,13 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapBuilder {
                 AnyError::new(&e),
             ))
         })?;
-        tracing::info!(last_log_id = ?meta.last_log_id, bytes = body.len(), "snapshot written");
+        tracing::info!(
+            last_log_id = ?meta.last_log_id,
+            bytes = body.len(),
+            locked_ms = locked.as_millis() as u64,
+            total_ms = started.elapsed().as_millis() as u64,
+            "snapshot written"
+        );
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(body)),
