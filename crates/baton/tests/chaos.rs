@@ -665,6 +665,26 @@ async fn next_write(ch: &Channel, key: &str, bound: Duration) -> Option<Duration
     }
 }
 
+/// Sequential writes through `ch` until `stop`: the longest one and how many there were.
+async fn longest_write(ch: Channel, key: &'static str, stop: Arc<AtomicBool>) -> (Duration, u64) {
+    let mut longest = Duration::ZERO;
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        let started = Instant::now();
+        let mut kv = KvClient::new(ch.clone());
+        let put = kv.put(PutRequest {
+            key: format!("{key}/{n}").into_bytes(),
+            value: b"x".to_vec(),
+            ..Default::default()
+        });
+        let _ = within(Duration::from_secs(10), put).await;
+        longest = longest.max(started.elapsed());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (longest, n)
+}
+
 fn pid(cluster: &Cluster, i: usize) -> i32 {
     cluster.members[i].child.as_ref().expect("running").id() as i32
 }
@@ -742,24 +762,36 @@ async fn chaos_kill_and_pause_members_under_load() {
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
 
-    // 2. SIGSTOP a follower for longer than the election timeout.
+    // 2. SIGSTOP a follower for longer than the election timeout. Writes through the other
+    // follower must go on; a probe measures the longest one (an election the woken member
+    // forces would show up there and in the term).
     let leader = agreed_leader_of(&chans, &all, Duration::from_secs(10)).await;
     let term_before = member_status(&chans[leader]).await.unwrap().raft_term;
     let follower = (leader + 1) % 3;
+    let probe_stop = Arc::new(AtomicBool::new(false));
+    let probe = tokio::spawn(longest_write(
+        chans[(leader + 2) % 3].clone(),
+        "chaos/probe/pause",
+        probe_stop.clone(),
+    ));
     let fpid = pid(&cluster, follower);
     kill(fpid, libc::SIGSTOP);
     tokio::time::sleep(ELECTION_TIMEOUT * 5 / 2).await;
     kill(fpid, libc::SIGCONT);
     tokio::time::sleep(Duration::from_secs(2)).await;
+    probe_stop.store(true, Ordering::Relaxed);
+    let (longest, probes) = probe.await.unwrap();
     let leader_after = agreed_leader_of(&chans, &all, Duration::from_secs(10)).await;
     let term_after = member_status(&chans[leader_after]).await.unwrap().raft_term;
     eprintln!(
-        "SIGSTOP follower m{} for {:?}: leader m{} (term {term_before}) -> m{} (term {term_after})",
+        "SIGSTOP follower m{} for {:?}: leader m{} (term {term_before}) -> m{} (term {term_after}); longest of {probes} writes through m{}: {longest:?}",
         follower + 1,
         ELECTION_TIMEOUT * 5 / 2,
         leader + 1,
-        leader_after + 1
+        leader_after + 1,
+        (leader + 2) % 3 + 1
     );
+    let follower_pause = (term_after - term_before, leader_after != leader, longest);
 
     // 3. SIGSTOP the leader past the election timeout and the lock leases' TTL, while a
     // victim connected to it holds a lock. A rival through a follower must get the lock once
@@ -1191,6 +1223,10 @@ async fn chaos_kill_and_pause_members_under_load() {
     for (what, took) in &failovers {
         eprintln!("failover ({what} of the leader -> next successful write): {took:?}");
     }
+    let (terms, changed, longest) = follower_pause;
+    eprintln!(
+        "follower SIGSTOP: term +{terms}, leader changed: {changed}, longest write meanwhile {longest:?}"
+    );
 
     assert!(lin.is_linearizable(), "KV history: {lin}");
     assert!(
