@@ -822,6 +822,7 @@ impl Node {
             tracing::warn!(error = %e, "raft core ended abnormally");
         }
         inner.wal.stop().await;
+        inner.shared.close_snapshots();
         // Nothing writes to the directory any more.
         inner.dir_lock.lock().take();
     }

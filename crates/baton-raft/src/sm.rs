@@ -7,7 +7,7 @@
 
 use std::io::Cursor;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -64,6 +64,8 @@ pub(crate) struct Shared {
     current_snapshot: Mutex<Option<(SnapshotMeta, PathBuf)>>,
     pub(crate) snapshot_bytes: AtomicU64,
     snapshot_seq: AtomicU64,
+    /// Set on shutdown (`close_snapshots`): no snapshot file is written any more.
+    snapshots_closed: AtomicBool,
 }
 
 impl Shared {
@@ -85,6 +87,7 @@ impl Shared {
             current_snapshot: Mutex::new(current_snapshot.map(|(m, p, _)| (m, p))),
             snapshot_bytes: AtomicU64::new(bytes),
             snapshot_seq: AtomicU64::new(0),
+            snapshots_closed: AtomicBool::new(false),
         }
     }
 
@@ -145,9 +148,21 @@ impl Shared {
         results
     }
 
+    /// Stops snapshot writes for good (shutdown): waits for one in progress and refuses
+    /// later ones. Snapshots are encoded and written on blocking threads that outlive the
+    /// Raft core, so without this one could land in the directory after its lock was
+    /// released (a restarted member would then find a snapshot it did not expect).
+    pub(crate) fn close_snapshots(&self) {
+        let _cur = self.current_snapshot.lock();
+        self.snapshots_closed.store(true, Ordering::Release);
+    }
+
     /// Writes a snapshot file unless a newer one is already on disk.
     fn persist_snapshot(&self, meta: &SnapshotMeta, body: &[u8]) -> std::io::Result<()> {
         let mut cur = self.current_snapshot.lock();
+        if self.snapshots_closed.load(Ordering::Acquire) {
+            return Err(std::io::Error::other("shutting down: snapshot not written"));
+        }
         if let Some((m, _)) = cur.as_ref() {
             if m.last_log_id >= meta.last_log_id {
                 return Ok(());
