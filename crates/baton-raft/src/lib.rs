@@ -779,13 +779,24 @@ impl Node {
     /// leader's, where deadlines are kept) neither sees its deadline passed nor has its expiry
     /// in flight. Between a deadline and the applied `ExpireLeases` a lease still exists but
     /// is not alive: a lock must not be granted to it then (etcd#11456).
+    ///
+    /// Only a leader whose clock is rebuilt for its current term knows the deadlines. Every
+    /// other replica's clock holds the deadlines set when each grant was applied and never
+    /// renewed (keep-alives go to the leader), so trusting it made a follower refuse locks to
+    /// every kept-alive lease older than its TTL ("the lease expired before the lock could be
+    /// granted", seen in `crates/baton/tests/chaos.rs`); there the state machine is the only
+    /// authority (the remaining follower gap is described in ARCHITECTURE.md).
     pub fn lease_alive(&self, id: LeaseId) -> bool {
         let shared = &self.inner.shared;
+        let term = self.inner.raft.metrics().borrow().current_term;
         let st = shared.state.read();
         if !st.sm.lease_exists(id) {
             return false;
         }
         let clock = shared.leases.lock();
+        if clock.ready_term() != Some(term) {
+            return true;
+        }
         clock.alive(id, Instant::now()).unwrap_or(true)
     }
 
@@ -898,6 +909,7 @@ impl Node {
             tracing::warn!(error = %e, "raft core ended abnormally");
         }
         inner.wal.stop().await;
+        inner.shared.close_snapshots();
         // Nothing writes to the directory any more.
         inner.dir_lock.lock().take();
     }
@@ -1205,32 +1217,64 @@ impl Inner {
     async fn read_index_local(&self) -> Result<u64, ProposeError> {
         self.check_running()?;
         self.wait_transfer(Instant::now() + REQUEST_TIMEOUT).await;
-        match tokio::time::timeout(REQUEST_TIMEOUT, self.raft.get_read_log_id()).await {
-            Err(_) => Err(ProposeError::Timeout),
-            Ok(Ok((read_log_id, _))) => Ok(read_log_id.map_or(0, |l| l.index)),
-            Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)))) => {
-                Err(leader_error(f.leader_id))
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(remaining, self.raft.get_read_log_id()).await {
+                Err(_) => return Err(ProposeError::Timeout),
+                Ok(Ok((read_log_id, _))) => return Ok(read_log_id.map_or(0, |l| l.index)),
+                Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)))) => {
+                    return Err(leader_error(f.leader_id))
+                }
+                // No quorum answered this round of heartbeats within openraft's limit of one
+                // heartbeat interval (100 ms by default): a follower slow for a moment (a
+                // loaded machine, an fsync), not lost leadership — that shows up as
+                // `ForwardToLeader`. Ask again until the deadline, as etcd retries its
+                // ReadIndex; failing at once turned every slow heartbeat into a client-visible
+                // "request timed out" on a healthy cluster (`steady_state.rs`).
+                Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_)))) => {
+                    if Instant::now() + LEADER_RETRY_INTERVAL >= deadline {
+                        return Err(ProposeError::Timeout);
+                    }
+                    tokio::time::sleep(LEADER_RETRY_INTERVAL).await;
+                }
+                Ok(Err(RaftError::Fatal(f))) => return Err(self.fatal_error(&f)),
             }
-            // Leadership could not be confirmed by a quorum in time.
-            Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_)))) => {
-                Err(ProposeError::Timeout)
-            }
-            Ok(Err(RaftError::Fatal(f))) => Err(self.fatal_error(&f)),
         }
     }
 
     /// A keep-alive acknowledged only by a leader that a quorum confirmed within the last
-    /// heartbeat interval (etcd's `ensureLeadership`, the fix of etcd#15247). A leader cut
-    /// off from its peers — partitioned, or stuck and deposed without noticing — still
-    /// believes it leads; acknowledging renewals there would tell clients their leases live
-    /// while the real leader expires them. The confirmation is shared: at most one ReadIndex
-    /// round per heartbeat interval, however many keep-alives arrive.
+    /// heartbeat interval (etcd's `ensureLeadership`, the fix of etcd#15247).
+    ///
+    /// Why: a leader that was paused (SIGSTOP, a long GC, a frozen VM) or cut off still
+    /// believes it leads until a peer tells it otherwise. Its clock may still track a lease
+    /// the new leader has since expired — renewing it would tell the client it holds a lease
+    /// (and the locks under it) that is gone; or its clock may have marked as expiring a lease
+    /// the client kept alive through the new leader — "not found" would make the client give
+    /// up a live lease. Both were observed with three processes
+    /// (`crates/baton/tests/leases_failover.rs`). A confirmation less than one heartbeat
+    /// interval old is enough: followers that acknowledged it will not elect anyone else
+    /// for at least their election timeout, several heartbeat intervals. It is shared — at
+    /// most one ReadIndex round per heartbeat interval however many keep-alives arrive — so
+    /// 10k leases cost the leader no extra Raft traffic. After the renewal the term and role
+    /// are checked once more (cheap), so a change of leadership while renewing is not
+    /// acknowledged either.
     async fn keep_alive_confirmed(
         self: &Arc<Self>,
         id: LeaseId,
     ) -> Result<KeepAlive, ProposeError> {
         self.ensure_leadership().await?;
-        self.keep_alive_local(id)
+        let term = self.raft.metrics().borrow().current_term;
+        let answer = self.keep_alive_local(id)?;
+        let (state, leader, now_term) = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            (m.state, m.current_leader, m.current_term)
+        };
+        if state != ServerState::Leader || now_term != term {
+            return Err(leader_error(leader.filter(|l| *l != self.member_id)));
+        }
+        Ok(answer)
     }
 
     async fn ensure_leadership(&self) -> Result<(), ProposeError> {

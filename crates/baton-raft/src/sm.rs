@@ -7,7 +7,7 @@
 
 use std::io::Cursor;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -64,6 +64,8 @@ pub(crate) struct Shared {
     current_snapshot: Mutex<Option<(SnapshotMeta, PathBuf)>>,
     pub(crate) snapshot_bytes: AtomicU64,
     snapshot_seq: AtomicU64,
+    /// Set on shutdown (`close_snapshots`): no snapshot file is written any more.
+    snapshots_closed: AtomicBool,
 }
 
 impl Shared {
@@ -85,6 +87,7 @@ impl Shared {
             current_snapshot: Mutex::new(current_snapshot.map(|(m, p, _)| (m, p))),
             snapshot_bytes: AtomicU64::new(bytes),
             snapshot_seq: AtomicU64::new(0),
+            snapshots_closed: AtomicBool::new(false),
         }
     }
 
@@ -145,9 +148,21 @@ impl Shared {
         results
     }
 
+    /// Stops snapshot writes for good (shutdown): waits for one in progress and refuses
+    /// later ones. Snapshots are encoded and written on blocking threads that outlive the
+    /// Raft core, so without this one could land in the directory after its lock was
+    /// released (a restarted member would then find a snapshot it did not expect).
+    pub(crate) fn close_snapshots(&self) {
+        let _cur = self.current_snapshot.lock();
+        self.snapshots_closed.store(true, Ordering::Release);
+    }
+
     /// Writes a snapshot file unless a newer one is already on disk.
     fn persist_snapshot(&self, meta: &SnapshotMeta, body: &[u8]) -> std::io::Result<()> {
         let mut cur = self.current_snapshot.lock();
+        if self.snapshots_closed.load(Ordering::Acquire) {
+            return Err(std::io::Error::other("shutting down: snapshot not written"));
+        }
         if let Some((m, _)) = cur.as_ref() {
             if m.last_log_id >= meta.last_log_id {
                 return Ok(());
@@ -176,10 +191,16 @@ pub(crate) struct SnapBuilder {
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        let (meta, body) = {
-            // Serializing under the read lock stalls applies for the duration; an in-memory
-            // store of etcd's recommended size (a few GiB at most) serializes in well under
-            // the election timeout. A copy-on-write store would remove the stall.
+        // Only a copy is taken under the read lock; serializing, checksumming and writing
+        // happen on a blocking thread without it. Serializing under the lock (as before)
+        // stalled every apply for its duration, then every reader queued behind the waiting
+        // apply, until the runtime's worker threads were all blocked and Raft itself stopped:
+        // a follower snapshotting at its 10 000th entry went silent for longer than the
+        // election timeout and then deposed a healthy leader (`steady_state.rs`, three
+        // members under load). The copy costs memory for the state once more while the
+        // snapshot is written, and far less lock time than the encoding.
+        let started = std::time::Instant::now();
+        let (meta, sm) = {
             let st = self.shared.state.read();
             let seq = self.shared.snapshot_seq.fetch_add(1, Ordering::Relaxed);
             let id = st.last_applied.map_or_else(
@@ -191,11 +212,14 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapBuilder {
                 last_membership: st.membership.clone(),
                 snapshot_id: format!("{id}-{seq}"),
             };
-            (meta, st.sm.snapshot())
+            (meta, st.sm.clone())
         };
+        let locked = started.elapsed();
         let shared = self.shared.clone();
         let m = meta.clone();
         let (res, body) = tokio::task::spawn_blocking(move || {
+            let body = sm.snapshot();
+            drop(sm);
             let res = shared.persist_snapshot(&m, &body);
             (res, body)
         })
@@ -207,7 +231,13 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapBuilder {
                 AnyError::new(&e),
             ))
         })?;
-        tracing::info!(last_log_id = ?meta.last_log_id, bytes = body.len(), "snapshot written");
+        tracing::info!(
+            last_log_id = ?meta.last_log_id,
+            bytes = body.len(),
+            locked_ms = locked.as_millis() as u64,
+            total_ms = started.elapsed().as_millis() as u64,
+            "snapshot written"
+        );
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(body)),

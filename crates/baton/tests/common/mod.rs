@@ -668,3 +668,92 @@ pub fn table_row(table: &str, first: &str) -> Vec<String> {
         .find(|cells| cells.first().map(String::as_str) == Some(first))
         .unwrap_or_else(|| panic!("no row starting with {first:?} in:\n{table}"))
 }
+
+/// A channel to a member that connects on first use and reconnects by itself, so one
+/// channel per member outlives kill -9 and restarts. No per-call timeout here: wrap unary
+/// calls in [`within`] (a channel-wide timeout would also cut long-lived streams).
+pub fn lazy_channel(endpoint: &str) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{endpoint}"))
+        .unwrap()
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_millis(500))
+        .connect_lazy()
+}
+
+/// `fut` with a deadline; running out of time is `DEADLINE_EXCEEDED`, like a gRPC deadline.
+pub async fn within<T>(
+    d: Duration,
+    fut: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, tonic::Status> {
+    match tokio::time::timeout(d, fut).await {
+        Ok(r) => r.map(tonic::Response::into_inner),
+        Err(_) => Err(tonic::Status::deadline_exceeded(format!(
+            "no answer within {d:?}"
+        ))),
+    }
+}
+
+/// What `Maintenance.Status` says about one member.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemberStatus {
+    pub member_id: u64,
+    /// The leader this member knows of (0: none).
+    pub leader: u64,
+    pub raft_term: u64,
+    pub raft_applied_index: u64,
+    /// The member's own store revision (its header).
+    pub revision: i64,
+}
+
+/// `Maintenance.Status` of one member, `None` if it does not answer within a second.
+pub async fn member_status(ch: &tonic::transport::Channel) -> Option<MemberStatus> {
+    use baton_proto::etcdserverpb::{maintenance_client::MaintenanceClient, StatusRequest};
+    let mut c = MaintenanceClient::new(ch.clone());
+    let s = within(Duration::from_secs(1), c.status(StatusRequest {}))
+        .await
+        .ok()?;
+    let h = s.header?;
+    Some(MemberStatus {
+        member_id: h.member_id,
+        leader: s.leader,
+        raft_term: s.raft_term,
+        raft_applied_index: s.raft_applied_index,
+        revision: h.revision,
+    })
+}
+
+/// Waits until every member in `members` (indexes into `chans`) answers `Status` naming the
+/// same leader, which is one of them; returns the leader's index in `chans`.
+pub async fn agreed_leader_of(
+    chans: &[tonic::transport::Channel],
+    members: &[usize],
+    within_d: Duration,
+) -> usize {
+    let deadline = Instant::now() + within_d;
+    loop {
+        let mut st = Vec::new();
+        for &i in members {
+            st.push((i, member_status(&chans[i]).await));
+        }
+        if let Some((_, Some(first))) = st.first() {
+            let leader = first.leader;
+            let agreed = st
+                .iter()
+                .all(|(_, s)| s.is_some_and(|s| s.leader == leader));
+            let index = st
+                .iter()
+                .find(|(_, s)| s.is_some_and(|s| s.member_id == leader))
+                .map(|(i, _)| *i);
+            if leader != 0 && agreed {
+                if let Some(i) = index {
+                    return i;
+                }
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no agreed leader among members {members:?} within {within_d:?}: {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
