@@ -27,6 +27,7 @@ use openraft::{RaftNetwork, RaftNetworkFactory};
 use parking_lot::Mutex;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::env::PeerTransport;
 use crate::types::{Member, TypeConfig};
 use crate::wire::{self, WireError, MAX_PEER_MESSAGE_BYTES};
 
@@ -108,14 +109,17 @@ pub(crate) struct Peers {
     /// Per peer: the URLs the channel was made for (a membership change of a peer's URLs
     /// makes a new channel) and the channel.
     channels: Mutex<HashMap<u64, (Vec<String>, Channel)>>,
+    /// Injected transport (simulation); `None`: TCP.
+    transport: Option<Arc<dyn PeerTransport>>,
 }
 
 impl Peers {
-    pub(crate) fn new(cluster_id: u64, me: u64) -> Self {
+    pub(crate) fn new(cluster_id: u64, me: u64, transport: Option<Arc<dyn PeerTransport>>) -> Self {
         Peers {
             cluster_id,
             me,
             channels: Mutex::new(HashMap::new()),
+            transport,
         }
     }
 
@@ -138,7 +142,10 @@ impl Peers {
             .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
             .keep_alive_timeout(KEEPALIVE_TIMEOUT)
             .keep_alive_while_idle(true);
-        let ch = endpoint.connect_lazy();
+        let ch = match &self.transport {
+            Some(t) => t.connect_lazy(endpoint),
+            None => endpoint.connect_lazy(),
+        };
         channels.insert(target, (node.peer_urls.clone(), ch.clone()));
         Ok(ch)
     }
