@@ -1141,9 +1141,16 @@ impl Inner {
     /// on another member).
     async fn read_index_local(&self) -> Result<u64, ProposeError> {
         self.check_running()?;
+        // openraft 0.9 restores a restarted leader as leader at once (same term, no new
+        // blank entry) and then answers `max(its first entry of the term, committed)`, where
+        // `committed` is what it recovered from disk: it can lag entries that were committed
+        // (and acknowledged) before the crash, and a read at that index is stale (found by
+        // baton-sim, seeds 42 and 78). Every committed entry is in the leader's log, so
+        // waiting for everything it held when the read arrived is always enough.
+        let last_log_index = self.raft.metrics().borrow().last_log_index.unwrap_or(0);
         match tokio::time::timeout(REQUEST_TIMEOUT, self.raft.get_read_log_id()).await {
             Err(_) => Err(ProposeError::Timeout),
-            Ok(Ok((read_log_id, _))) => Ok(read_log_id.map_or(0, |l| l.index)),
+            Ok(Ok((read_log_id, _))) => Ok(read_log_id.map_or(0, |l| l.index).max(last_log_index)),
             Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)))) => {
                 Err(leader_error(f.leader_id))
             }
