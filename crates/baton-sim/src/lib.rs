@@ -19,6 +19,7 @@
 pub mod clock;
 pub mod disk;
 pub mod faults;
+mod locking;
 pub mod net;
 mod workload;
 
@@ -29,7 +30,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use baton_check::{CheckOptions, Recorder, ReplicaState, WatchEvent};
+use baton_check::{CheckOptions, LockRecord, Recorder, ReplicaState, WatchEvent};
 use baton_raft::{
     ClusterConfig, Environment, InitialClusterState, InitialMember, Node, NodeConfig,
 };
@@ -55,6 +56,8 @@ pub struct SimConfig {
     pub seed: u64,
     pub members: usize,
     pub clients: usize,
+    /// Clients contending for one lock with leases and fenced writes.
+    pub lock_clients: usize,
     pub keys: usize,
     /// Faults are injected in `[1 s, 1 s + fault_window)`; the workload runs that long too.
     pub fault_window: Duration,
@@ -65,6 +68,10 @@ pub struct SimConfig {
     pub settle: Duration,
     /// Disks ignore fsync (a planted bug: the checkers must catch lost writes).
     pub lying_disks: bool,
+    /// turmoil's step: every host and client runs once per step of simulated time.
+    pub tick: Duration,
+    /// Made by [`SimConfig::quick`] (for the replay command).
+    pub quick: bool,
 }
 
 impl SimConfig {
@@ -73,12 +80,30 @@ impl SimConfig {
             seed,
             members: 3,
             clients: 3,
+            lock_clients: 2,
             keys: 3,
             fault_window: Duration::from_secs(8),
             faults: 6,
             liveness_bound: Duration::from_secs(15),
             settle: Duration::from_secs(3),
             lying_disks: false,
+            tick: Duration::from_millis(1),
+            quick: false,
+        }
+    }
+
+    /// A shorter run for CI in debug builds: half the fault window and load, the same
+    /// fault kinds and checks.
+    pub fn quick(seed: u64) -> Self {
+        SimConfig {
+            clients: 2,
+            lock_clients: 1,
+            fault_window: Duration::from_secs(4),
+            faults: 4,
+            settle: Duration::from_secs(2),
+            tick: Duration::from_millis(2),
+            quick: true,
+            ..SimConfig::new(seed)
         }
     }
 
@@ -88,6 +113,9 @@ impl SimConfig {
             "cargo run --release -p baton-sim -- replay --seed {} --members {}",
             self.seed, self.members
         );
+        if self.quick {
+            cmd.push_str(" --quick");
+        }
         if self.lying_disks {
             cmd.push_str(" --lying-disks");
         }
@@ -103,6 +131,8 @@ pub struct Outcome {
     pub ops: usize,
     /// Watch events received across members.
     pub watch_events: usize,
+    /// Lock holdings whose fenced writes were accepted.
+    pub lock_holdings: usize,
     /// Time from the end of faults until every member accepted a write.
     pub recovery: Duration,
     /// The faults injected.
@@ -125,6 +155,10 @@ pub enum SimError {
     Undecided(String),
     #[error("watch stream on m{member}: {reason}")]
     Watch { member: usize, reason: String },
+    #[error("lock safety: {0}")]
+    Lock(String),
+    #[error("a member or client panicked: {0}")]
+    Panic(String),
     #[error("liveness: {0}")]
     Liveness(String),
     #[error("replicas did not converge: {0}")]
@@ -137,6 +171,7 @@ pub(crate) struct Ctx {
     dir: PathBuf,
     pub(crate) history: Recorder,
     pub(crate) watches: Vec<Mutex<Vec<WatchEvent>>>,
+    pub(crate) locks: Mutex<Vec<LockRecord>>,
     nodes: Vec<Mutex<Option<Node>>>,
     clocks: Vec<Arc<SimClock>>,
     disks: Vec<Arc<SimDisk>>,
@@ -254,8 +289,23 @@ struct Injected {
     crashed: BTreeSet<usize>,
 }
 
-/// Runs one seed to completion and judges it.
+/// Runs one seed to completion and judges it. A panic anywhere in the run (a member, a
+/// client, the harness) is a failure of that seed, not of the swarm.
 pub fn run(config: &SimConfig) -> Result<Outcome, SimError> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_inner(config))) {
+        Ok(res) => res,
+        Err(payload) => {
+            let msg = payload
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(SimError::Panic(msg))
+        }
+    }
+}
+
+fn run_inner(config: &SimConfig) -> Result<Outcome, SimError> {
     let dir = scratch_dir().map_err(|e| SimError::Sim(format!("scratch directory: {e}")))?;
     let mut rng = StdRng::seed_from_u64(mix(config.seed, 0));
     let start = Duration::from_secs(1);
@@ -273,6 +323,7 @@ pub fn run(config: &SimConfig) -> Result<Outcome, SimError> {
         dir: dir.path().to_path_buf(),
         history: Recorder::new(),
         watches: (0..config.members).map(|_| Mutex::default()).collect(),
+        locks: Mutex::default(),
         nodes: (0..config.members).map(|_| Mutex::default()).collect(),
         clocks: (0..config.members).map(|_| Arc::default()).collect(),
         disks: (0..config.members)
@@ -291,7 +342,7 @@ pub fn run(config: &SimConfig) -> Result<Outcome, SimError> {
         .simulation_duration(
             faults_end + config.liveness_bound + config.settle + Duration::from_secs(30),
         )
-        .tick_duration(Duration::from_millis(1))
+        .tick_duration(config.tick)
         .min_message_latency(Duration::from_micros(100))
         .max_message_latency(Duration::from_millis(2))
         .tcp_capacity(1 << 16)
@@ -304,6 +355,10 @@ pub fn run(config: &SimConfig) -> Result<Outcome, SimError> {
         let ctx = ctx.clone();
         sim.client(format!("c{}", c + 1), workload::kv_client(ctx, c));
     }
+    for c in 0..config.lock_clients {
+        let ctx = ctx.clone();
+        sim.client(format!("l{}", c + 1), locking::lock_client(ctx, c));
+    }
     for m in 0..config.members {
         let ctx = ctx.clone();
         sim.client(format!("w{}", m + 1), workload::watcher(ctx, m));
@@ -313,6 +368,7 @@ pub fn run(config: &SimConfig) -> Result<Outcome, SimError> {
     let members: Vec<String> = (0..config.members).map(member_name).collect();
     let clients: Vec<String> = (0..config.clients)
         .map(|c| format!("c{}", c + 1))
+        .chain((0..config.lock_clients).map(|c| format!("l{}", c + 1)))
         .chain((0..config.members).map(|m| format!("w{}", m + 1)))
         .chain(["liveness".to_string()])
         .collect();
@@ -359,10 +415,32 @@ pub fn run(config: &SimConfig) -> Result<Outcome, SimError> {
             Err(e) => return Err(SimError::Sim(e.to_string())),
         }
     }
+    // Replicas are compared at a quiet moment: an entry committed just before the clients
+    // finished (a lease expiry, say) may not have reached every member's apply yet. Step on
+    // (at most `settle` more) until every running member has applied the same index.
+    let mut waited = Duration::ZERO;
+    while waited < config.settle && !same_applied_index(&ctx) {
+        if let Err(e) = sim.step() {
+            return Err(SimError::Sim(e.to_string()));
+        }
+        waited += config.tick;
+    }
     let sim_time = sim.elapsed();
     let outcome = judge(&ctx, &schedule, sim_time);
     drop(sim);
     outcome
+}
+
+/// Whether every member is running and all have applied the same Raft index.
+fn same_applied_index(ctx: &Ctx) -> bool {
+    let mut indexes = ctx
+        .nodes
+        .iter()
+        .map(|n| n.lock().as_ref().map(|n| n.status().applied_index));
+    let Some(Some(first)) = indexes.next() else {
+        return false;
+    };
+    indexes.all(|i| i == Some(first))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -533,6 +611,16 @@ fn judge(ctx: &Ctx, schedule: &[Scheduled], sim_time: Duration) -> Result<Outcom
         }
     }
 
+    // (b) locks, as judged by the fence.
+    let lock_report = baton_check::check_locks(&ctx.locks.lock());
+    if !lock_report.is_ok() {
+        return Err(SimError::Lock(lock_report.to_string()));
+    }
+    ctx.trace(format!(
+        "locks: {} accepted holdings, {} rejected",
+        lock_report.accepted_holdings, lock_report.rejected
+    ));
+
     // (e) convergence: same applied index, same state.
     let nodes: Vec<Node> = ctx
         .nodes
@@ -622,6 +710,7 @@ fn judge(ctx: &Ctx, schedule: &[Scheduled], sim_time: Duration) -> Result<Outcom
         ops: history.len(),
         watch_events,
         recovery,
+        lock_holdings: lock_report.accepted_holdings,
         faults,
         trace_hash: *ctx.trace.lock(),
         sim_time,

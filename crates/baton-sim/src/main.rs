@@ -49,6 +49,9 @@ struct Common {
     /// Plant a bug: disks ignore fsync (the checkers must find lost writes).
     #[arg(long)]
     lying_disks: bool,
+    /// The shorter CI configuration (`SimConfig::quick`).
+    #[arg(long)]
+    quick: bool,
     /// Log the trace (every client result, fault and final state) to stderr.
     #[arg(long)]
     trace: bool,
@@ -56,7 +59,11 @@ struct Common {
 
 impl Common {
     fn config(&self, seed: u64) -> SimConfig {
-        let mut c = SimConfig::new(seed);
+        let mut c = if self.quick {
+            SimConfig::quick(seed)
+        } else {
+            SimConfig::new(seed)
+        };
         c.members = self.members;
         c.lying_disks = self.lying_disks;
         c
@@ -117,10 +124,11 @@ fn main() -> Result<()> {
             match run(&config) {
                 Ok(o) => {
                     println!(
-                        "seed {seed} passed: {} ops, {} watch events, recovered in {:?}, \
-                         trace hash {:016x}, {:?} simulated in {:.1} s",
+                        "seed {seed} passed: {} ops, {} watch events, {} lock holdings, \
+                         recovered in {:?}, trace hash {:016x}, {:?} simulated in {:.1} s",
                         o.ops,
                         o.watch_events,
+                        o.lock_holdings,
                         o.recovery,
                         o.trace_hash,
                         o.sim_time,

@@ -66,6 +66,7 @@ pub(crate) async fn kv_client(ctx: Arc<Ctx>, client: usize) -> turmoil::Result {
         };
         let process = client as u64 * 1_000_000 + incarnation;
         let call = ctx.history.invoke(process, op.clone());
+        let invoked = now_ns();
         let mut kv = KvClient::new(chans[member].clone());
         let result = match tokio::time::timeout(OP_TIMEOUT, execute(&mut kv, &op)).await {
             Ok(Ok(r)) => r,
@@ -80,7 +81,11 @@ pub(crate) async fn kv_client(ctx: Arc<Ctx>, client: usize) -> turmoil::Result {
             // after it, so they continue as a new process (as Jepsen does).
             incarnation += 1;
         }
-        ctx.trace(format!("{} m{} {op} -> {result}", now_ns(), member + 1));
+        ctx.trace(format!(
+            "{invoked}..{} p{process} m{} {op} -> {result}",
+            now_ns(),
+            member + 1
+        ));
         ctx.history
             .complete(call, result)
             .map_err(|e| e.to_string())?;
