@@ -6,8 +6,9 @@
 //! schedule drawn from the seed ([`faults`]): partitions (symmetric, one-way, isolation),
 //! crashes that lose what was not fsynced ([`disk`]), held (paused) members, clock jumps,
 //! slow disks and message delays. Afterwards the recorded history is judged by
-//! `baton-check`: (a) linearizability of the KV history, (b) watch streams in order without
-//! gaps or duplicates, (c) liveness once faults stop, (d) convergence of every replica to
+//! `baton-check`: (a) linearizability of the KV history, (b) at most one lock holder at a
+//! time as judged by the fence, with increasing tokens, (c) watch streams in order without
+//! gaps or duplicates, (d) liveness once faults stop, (e) convergence of every replica to
 //! the same state at the same index.
 //!
 //! **Determinism**: everything a member does is driven by turmoil's simulated time (tokio's

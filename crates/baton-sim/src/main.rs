@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run --release -p baton-sim -- swarm --seeds 1000 [--start S] [--members 3|5]
 //! cargo run --release -p baton-sim -- replay --seed N [--members M] [--trace]
+//! cargo run --release -p baton-sim -- determinism --seeds 20
 //! ```
 
 use std::time::Instant;
@@ -30,6 +31,15 @@ enum Command {
         /// Keep going after a failure.
         #[arg(long)]
         keep_going: bool,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Run each seed twice and compare the trace hashes (determinism check).
+    Determinism {
+        #[arg(long, default_value_t = 20)]
+        seeds: u64,
+        #[arg(long, default_value_t = 0)]
+        start: u64,
         #[command(flatten)]
         common: Common,
     },
@@ -115,6 +125,37 @@ fn main() -> Result<()> {
             );
             if !report.failed.is_empty() {
                 bail!("{} seed(s) failed", report.failed.len());
+            }
+        }
+        Command::Determinism {
+            seeds,
+            start,
+            common,
+        } => {
+            common.init_tracing();
+            let mut differing = Vec::new();
+            for seed in start..start + seeds {
+                let config = common.config(seed);
+                let a = run(&config).map(|o| o.trace_hash);
+                let b = run(&config).map(|o| o.trace_hash);
+                match (a, b) {
+                    (Ok(a), Ok(b)) if a == b => {}
+                    (Ok(a), Ok(b)) => {
+                        println!("seed {seed}: trace {a:016x} then {b:016x}");
+                        differing.push(seed);
+                    }
+                    (a, b) => {
+                        println!("seed {seed}: {:?} then {:?}", a.err(), b.err());
+                        differing.push(seed);
+                    }
+                }
+            }
+            println!(
+                "{} of {seeds} seeds identical on replay",
+                seeds as usize - differing.len()
+            );
+            if !differing.is_empty() {
+                bail!("{} seed(s) not reproducible", differing.len());
             }
         }
         Command::Replay { seed, common } => {
