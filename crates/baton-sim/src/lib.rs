@@ -67,6 +67,11 @@ pub struct SimConfig {
     pub liveness_bound: Duration,
     /// Time given to replicas to apply everything before they are compared.
     pub settle: Duration,
+    /// After the clients are done, every member must reach the same applied index within
+    /// this. It covers a connection that a partition left stalled: turmoil drops segments
+    /// sent into a partition and never retransmits them, so such a connection is replaced
+    /// only when HTTP/2 keep-alive gives up on it (5 s + 5 s on peer channels).
+    pub convergence_bound: Duration,
     /// Disks ignore fsync (a planted bug: the checkers must catch lost writes).
     pub lying_disks: bool,
     /// turmoil's step: every host and client runs once per step of simulated time.
@@ -87,6 +92,7 @@ impl SimConfig {
             faults: 6,
             liveness_bound: Duration::from_secs(15),
             settle: Duration::from_secs(3),
+            convergence_bound: Duration::from_secs(20),
             lying_disks: false,
             tick: Duration::from_millis(1),
             quick: false,
@@ -101,7 +107,7 @@ impl SimConfig {
             lock_clients: 1,
             fault_window: Duration::from_secs(4),
             faults: 4,
-            settle: Duration::from_secs(2),
+            settle: Duration::from_secs(1),
             tick: Duration::from_millis(2),
             quick: true,
             ..SimConfig::new(seed)
@@ -341,7 +347,11 @@ fn run_inner(config: &SimConfig) -> Result<Outcome, SimError> {
     let mut sim = turmoil::Builder::new()
         .rng_seed(mix(config.seed, 1))
         .simulation_duration(
-            faults_end + config.liveness_bound + config.settle + Duration::from_secs(30),
+            faults_end
+                + config.liveness_bound
+                + config.settle
+                + config.convergence_bound
+                + Duration::from_secs(30),
         )
         .tick_duration(config.tick)
         .min_message_latency(Duration::from_micros(100))
@@ -417,10 +427,11 @@ fn run_inner(config: &SimConfig) -> Result<Outcome, SimError> {
         }
     }
     // Replicas are compared at a quiet moment: an entry committed just before the clients
-    // finished (a lease expiry, say) may not have reached every member's apply yet. Step on
-    // (at most `settle` more) until every running member has applied the same index.
+    // finished (a lease expiry, say) may not have reached every member's apply yet, and a
+    // member behind a stalled connection catches up only once keep-alive replaces it. Step
+    // on (at most `convergence_bound`) until every member has applied the same index.
     let mut waited = Duration::ZERO;
-    while waited < config.settle && !same_applied_index(&ctx) {
+    while waited < config.convergence_bound && !same_applied_index(&ctx) {
         if let Err(e) = sim.step() {
             return Err(SimError::Sim(e.to_string()));
         }
@@ -647,7 +658,25 @@ fn judge(ctx: &Ctx, schedule: &[Scheduled], sim_time: Duration) -> Result<Outcom
             }
         })
         .collect();
-    baton_check::check_convergence(&states).map_err(|e| SimError::Convergence(e.to_string()))?;
+    baton_check::check_convergence(&states).map_err(|e| {
+        let detail: Vec<String> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let s = n.status();
+                format!(
+                    "m{} = {:x}: leader {:?}, term {}, last log {}, applied {}",
+                    i + 1,
+                    s.member_id,
+                    s.leader_id.map(|l| format!("{l:x}")),
+                    s.term,
+                    s.last_log_index,
+                    s.applied_index
+                )
+            })
+            .collect();
+        SimError::Convergence(format!("{e} ({})", detail.join("; ")))
+    })?;
     for s in &states {
         ctx.trace(format!(
             "replica {:x} at {} hash {:x}",
