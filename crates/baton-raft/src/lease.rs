@@ -8,7 +8,9 @@
 //! clock.
 
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use baton_core::{Command, LeaseId, Response, StateMachine};
 

@@ -29,7 +29,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
 use openraft::{ChangeMembers, Membership, ServerState};

@@ -10,7 +10,9 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use baton_proto::baton::raft::v1::raft_client::RaftClient;
 use baton_proto::baton::raft::v1::PeerMessage;
@@ -27,6 +29,7 @@ use openraft::{RaftNetwork, RaftNetworkFactory};
 use parking_lot::Mutex;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::env::PeerTransport;
 use crate::types::{Member, TypeConfig};
 use crate::wire::{self, WireError, MAX_PEER_MESSAGE_BYTES};
 
@@ -115,16 +118,19 @@ pub(crate) struct Peers {
     /// Set once a peer told this member it has been removed from the cluster (see
     /// `membership`); the embedder stops serving then.
     removed: tokio::sync::watch::Sender<bool>,
+    /// Injected transport (simulation); `None`: TCP.
+    transport: Option<Arc<dyn PeerTransport>>,
 }
 
 impl Peers {
-    pub(crate) fn new(cluster_id: u64, me: u64) -> Self {
+    pub(crate) fn new(cluster_id: u64, me: u64, transport: Option<Arc<dyn PeerTransport>>) -> Self {
         Peers {
             cluster_id,
             me,
             channels: Mutex::new(HashMap::new()),
             last_answer: Mutex::new(HashMap::new()),
             removed: tokio::sync::watch::channel(false).0,
+            transport,
         }
     }
 
@@ -165,7 +171,10 @@ impl Peers {
             .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
             .keep_alive_timeout(KEEPALIVE_TIMEOUT)
             .keep_alive_while_idle(true);
-        let ch = endpoint.connect_lazy();
+        let ch = match &self.transport {
+            Some(t) => t.connect_lazy(endpoint),
+            None => endpoint.connect_lazy(),
+        };
         channels.insert(target, (node.peer_urls.clone(), ch.clone()));
         Ok(ch)
     }

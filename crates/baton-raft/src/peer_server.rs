@@ -14,6 +14,7 @@ use baton_proto::baton::raft::v1::PeerMessage;
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use tonic::{Request, Response, Status};
 
+use crate::env::{PeerIncoming, PeerTransport};
 use crate::membership::{JoinRequest, REMOVED_MESSAGE};
 use crate::types::{Raft, TypeConfig};
 use crate::wire::{self, LeaderRequest, MAX_PEER_MESSAGE_BYTES};
@@ -156,34 +157,44 @@ impl PeerService {
     }
 }
 
+/// A bound peer address: a TCP listener, or an injected transport's accepted connections.
+pub(crate) enum PeerListener {
+    Tcp(tokio::net::TcpListener),
+    Injected(SocketAddr, PeerIncoming),
+}
+
 /// Binds every peer address (before Raft starts, so a port conflict fails the start).
-pub(crate) async fn bind(addrs: &[SocketAddr]) -> Result<Vec<tokio::net::TcpListener>, StartError> {
+pub(crate) async fn bind(
+    addrs: &[SocketAddr],
+    transport: Option<&dyn PeerTransport>,
+) -> Result<Vec<PeerListener>, StartError> {
     let mut out = Vec::with_capacity(addrs.len());
     for addr in addrs {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|source| StartError::Bind {
-                addr: *addr,
-                source,
-            })?;
-        out.push(listener);
+        let bind_err = |source| StartError::Bind {
+            addr: *addr,
+            source,
+        };
+        out.push(match transport {
+            None => PeerListener::Tcp(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(bind_err)?,
+            ),
+            Some(t) => PeerListener::Injected(*addr, t.listen(*addr).await.map_err(bind_err)?),
+        });
     }
     Ok(out)
 }
 
 /// Serves `service` on every listener until the returned tasks are aborted.
 pub(crate) fn spawn(
-    listeners: Vec<tokio::net::TcpListener>,
+    listeners: Vec<PeerListener>,
     service: PeerService,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let service = std::sync::Arc::new(service);
     listeners
         .into_iter()
         .map(|listener| {
-            let addr = listener.local_addr().ok();
-            let incoming = tonic::transport::server::TcpIncoming::from(listener)
-                .with_nodelay(Some(true))
-                .with_keepalive(Some(Duration::from_secs(60)));
             let svc = RaftServer::from_arc(service.clone())
                 .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES + 4096)
                 .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES + 4096);
@@ -191,11 +202,27 @@ pub(crate) fn spawn(
                 .max_concurrent_streams(Some(MAX_CONCURRENT_STREAMS))
                 .http2_keepalive_interval(Some(Duration::from_secs(5)))
                 .add_service(svc);
-            tokio::spawn(async move {
-                if let Err(e) = router.serve_with_incoming(incoming).await {
-                    tracing::error!(?addr, error = %e, "peer service stopped");
+            match listener {
+                PeerListener::Tcp(listener) => {
+                    let addr = listener.local_addr().ok();
+                    let incoming = tonic::transport::server::TcpIncoming::from(listener)
+                        .with_nodelay(Some(true))
+                        .with_keepalive(Some(Duration::from_secs(60)));
+                    tokio::spawn(async move {
+                        if let Err(e) = router.serve_with_incoming(incoming).await {
+                            tracing::error!(?addr, error = %e, "peer service stopped");
+                        }
+                    })
                 }
-            })
+                PeerListener::Injected(addr, incoming) => {
+                    let incoming = tokio_stream::wrappers::ReceiverStream::new(incoming);
+                    tokio::spawn(async move {
+                        if let Err(e) = router.serve_with_incoming(incoming).await {
+                            tracing::error!(?addr, error = %e, "peer service stopped");
+                        }
+                    })
+                }
+            }
         })
         .collect()
 }

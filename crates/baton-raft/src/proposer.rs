@@ -19,9 +19,10 @@ use baton_core::Command;
 use openraft::error::ClientWriteError;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
+use crate::env::WallClock;
 use crate::sm::Shared;
 use crate::types::{Raft, Request};
-use crate::{fatal_error, leader_error, wall_clock_ms, ProposeError, Proposed};
+use crate::{fatal_error, leader_error, ProposeError, Proposed};
 
 /// Bounds one entry: it is fsynced, replicated and applied (under the write lock) as a unit.
 const MAX_BATCH_COMMANDS: usize = 1024;
@@ -68,6 +69,7 @@ impl Proposer {
         shared: Arc<Shared>,
         shutting_down: Arc<AtomicBool>,
         timeout: Duration,
+        clock: Arc<dyn WallClock>,
     ) -> (Proposer, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let queued = Arc::new(Queued::default());
@@ -78,6 +80,7 @@ impl Proposer {
             shared,
             shutting_down.clone(),
             timeout,
+            clock,
         ));
         (
             Proposer {
@@ -135,6 +138,7 @@ async fn run(
     shared: Arc<Shared>,
     shutting_down: Arc<AtomicBool>,
     timeout: Duration,
+    clock: Arc<dyn WallClock>,
 ) {
     let in_flight = Arc::new(Semaphore::new(MAX_BATCHES_IN_FLIGHT));
     let mut last_stamp_ms = shared.state.read().sm.last_time_ms();
@@ -173,7 +177,7 @@ async fn run(
             continue;
         }
         let floor_ms = shared.state.read().sm.last_time_ms();
-        let time_ms = wall_clock_ms().max(last_stamp_ms).max(floor_ms);
+        let time_ms = clock.now_ms().max(last_stamp_ms).max(floor_ms);
         last_stamp_ms = time_ms;
         let (commands, waiters): (Vec<Command>, Vec<_>) =
             batch.into_iter().map(|p| (p.command, p.done)).unzip();

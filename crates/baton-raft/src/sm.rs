@@ -9,7 +9,7 @@ use std::io::Cursor;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use baton_core::{
     Applied, Command, Entry, EventKind, LogIndex, Revision, StateMachine, Term, WatchHub,

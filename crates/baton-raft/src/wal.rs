@@ -42,15 +42,16 @@ use std::io::{self, Write};
 use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{AnyError, LogState, OptionalSend, RaftLogReader, StorageIOError};
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
+use crate::env::DiskHooks;
 use crate::files::{self, VOTE_MAGIC};
 use crate::types::{LogId, RaftEntry, StorageError, TypeConfig, Vote};
 use crate::StartError;
@@ -546,6 +547,8 @@ struct Writer {
     /// "fsyncgate"), so the only safe answer is to stop acknowledging anything.
     failed: Option<(io::ErrorKind, String)>,
     stats: Arc<WalStats>,
+    /// Injected durability hooks (simulation); see `crate::env`.
+    hooks: Option<Arc<dyn DiskHooks>>,
 }
 
 /// What a batch accumulates before its single write + fsync.
@@ -555,65 +558,106 @@ struct Pending {
     appended: Vec<(LogFlushed<TypeConfig>, u64)>,
 }
 
+/// The first operation and whatever is queued behind it, up to the batch bounds.
+fn drain(first: Op, rx: &mut mpsc::UnboundedReceiver<Op>) -> Vec<Op> {
+    let mut bytes = first.len();
+    let mut batch = vec![first];
+    while batch.len() < MAX_BATCH_OPS && bytes < MAX_BATCH_BYTES {
+        match rx.try_recv() {
+            Ok(op) => {
+                bytes += op.len();
+                batch.push(op);
+            }
+            Err(_) => break,
+        }
+    }
+    batch
+}
+
 impl Writer {
-    fn run(mut self, rx: mpsc::Receiver<Op>) {
-        loop {
-            let Ok(first) = rx.recv() else {
-                // Every sender is gone (node dropped without shutdown): make what we have durable.
-                self.commit(Pending::default(), true);
-                return;
-            };
-            let mut bytes = first.len();
-            let mut batch = vec![first];
-            while batch.len() < MAX_BATCH_OPS && bytes < MAX_BATCH_BYTES {
-                match rx.try_recv() {
-                    Ok(op) => {
-                        bytes += op.len();
-                        batch.push(op);
-                    }
-                    Err(_) => break,
-                }
-            }
-            let mut pending = Pending::default();
-            let mut stop = None;
-            for op in batch {
-                match op {
-                    Op::Append {
-                        bytes,
-                        entries,
-                        done,
-                    } => {
-                        pending.buf.extend_from_slice(&bytes);
-                        pending.appended.push((done, entries));
-                    }
-                    Op::Write { bytes } => pending.buf.extend_from_slice(&bytes),
-                    Op::Stop { done } => stop = Some(done),
-                    Op::Rewrite { generation, bytes } => {
-                        self.commit(std::mem::take(&mut pending), false);
-                        if let Err(e) = self.rewrite(generation, &bytes) {
-                            self.fail(&e);
-                        }
-                    }
-                    Op::SaveVote { bytes, done } => {
-                        // Serialized with the log as openraft requires: earlier appends are made
-                        // durable first.
-                        self.commit(std::mem::take(&mut pending), true);
-                        let res = self
-                            .check()
-                            .and_then(|()| files::write_atomic(&self.vote_path, &bytes));
-                        if let Err(e) = &res {
-                            self.fail(e);
-                        }
-                        let _ = done.send(res);
-                    }
-                }
-            }
-            let stopping = stop.is_some();
-            self.commit(pending, stopping);
-            if let Some(done) = stop {
-                let _ = done.send(self.check());
+    /// The writer thread's loop.
+    fn run(mut self, mut rx: mpsc::UnboundedReceiver<Op>) {
+        while let Some(first) = rx.blocking_recv() {
+            if self.process(drain(first, &mut rx)) {
                 return;
             }
+        }
+        // Every sender is gone (node dropped without shutdown): make what we have durable.
+        self.commit(Pending::default(), true);
+    }
+
+    /// The same loop as a task on the replica's runtime (injected disk hooks), so that a
+    /// simulation schedules it like everything else; a slow disk delays each batch.
+    async fn run_task(mut self, mut rx: mpsc::UnboundedReceiver<Op>) {
+        while let Some(first) = rx.recv().await {
+            let batch = drain(first, &mut rx);
+            let delay = self
+                .hooks
+                .as_ref()
+                .map_or(Duration::ZERO, |h| h.fsync_delay());
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            if self.process(batch) {
+                return;
+            }
+        }
+        self.commit(Pending::default(), true);
+    }
+
+    /// Writes one batch of operations (one write and at most one fsync unless the batch
+    /// holds a vote or a rewrite); returns whether the writer was told to stop.
+    fn process(&mut self, batch: Vec<Op>) -> bool {
+        let mut pending = Pending::default();
+        let mut stop = None;
+        for op in batch {
+            match op {
+                Op::Append {
+                    bytes,
+                    entries,
+                    done,
+                } => {
+                    pending.buf.extend_from_slice(&bytes);
+                    pending.appended.push((done, entries));
+                }
+                Op::Write { bytes } => pending.buf.extend_from_slice(&bytes),
+                Op::Stop { done } => stop = Some(done),
+                Op::Rewrite { generation, bytes } => {
+                    self.commit(std::mem::take(&mut pending), false);
+                    if let Err(e) = self.rewrite(generation, &bytes) {
+                        self.fail(&e);
+                    }
+                }
+                Op::SaveVote { bytes, done } => {
+                    // Serialized with the log as openraft requires: earlier appends are made
+                    // durable first.
+                    self.commit(std::mem::take(&mut pending), true);
+                    let res = self
+                        .check()
+                        .and_then(|()| files::write_atomic(&self.vote_path, &bytes));
+                    if let Err(e) = &res {
+                        self.fail(e);
+                    }
+                    let _ = done.send(res);
+                }
+            }
+        }
+        let stopping = stop.is_some();
+        self.commit(pending, stopping);
+        if let Some(done) = stop {
+            let _ = done.send(self.check());
+            return true;
+        }
+        false
+    }
+
+    /// Tells the hooks (if any) that the current generation is durable through its end.
+    fn report_synced(&self) {
+        if let Some(h) = &self.hooks {
+            h.synced(
+                &generation_path(&self.wal_dir, self.generation),
+                self.stats.file_bytes.load(Ordering::Relaxed),
+            );
         }
     }
 
@@ -678,6 +722,7 @@ impl Writer {
         metrics::counter!("baton_wal_fsyncs_total").increment(1);
         self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
         self.dirty = false;
+        self.report_synced();
         Ok(())
     }
 
@@ -702,14 +747,16 @@ impl Writer {
                 fs::remove_file(generation_path(&self.wal_dir, g))?;
             }
         }
-        files::fsync_dir(&self.wal_dir)
+        files::fsync_dir(&self.wal_dir)?;
+        self.report_synced();
+        Ok(())
     }
 }
 
 /// Handle to the writer thread kept by the node, to flush and stop it on shutdown.
 pub(crate) struct WalHandle {
-    tx: mpsc::Sender<Op>,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    tx: mpsc::UnboundedSender<Op>,
+    thread: Mutex<Option<WriterJoin>>,
     pub(crate) stats: Arc<WalStats>,
 }
 
@@ -723,15 +770,32 @@ impl WalHandle {
             }
         }
         let thread = self.thread.lock().take();
-        if let Some(t) = thread {
-            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        match thread {
+            Some(WriterJoin::Thread(t)) => {
+                let _ = tokio::task::spawn_blocking(move || t.join()).await;
+            }
+            Some(WriterJoin::Task(t)) => {
+                let _ = t.await;
+            }
+            None => {}
         }
     }
 }
 
+/// Where the writer runs: its own OS thread, or a task (injected disk hooks).
+enum WriterJoin {
+    Thread(std::thread::JoinHandle<()>),
+    Task(tokio::task::JoinHandle<()>),
+}
+
 /// Starts the writer thread on the recovered log; returns the store openraft drives and the
-/// node's handle.
-pub(crate) fn open(raft_dir: &Path, rec: Recovered) -> Result<(LogStore, WalHandle), StartError> {
+/// node's handle. With disk hooks the writer is a task instead, and the recovered file is
+/// reported durable as it is.
+pub(crate) fn open(
+    raft_dir: &Path,
+    rec: Recovered,
+    hooks: Option<Arc<dyn DiskHooks>>,
+) -> Result<(LogStore, WalHandle), StartError> {
     let wal_dir = raft_dir.join("wal");
     let path = generation_path(&wal_dir, rec.generation);
     let file = OpenOptions::new()
@@ -748,12 +812,20 @@ pub(crate) fn open(raft_dir: &Path, rec: Recovered) -> Result<(LogStore, WalHand
         dirty: false,
         failed: None,
         stats: stats.clone(),
+        hooks,
     };
-    let (tx, rx) = mpsc::channel();
-    let thread = std::thread::Builder::new()
-        .name("baton-wal".into())
-        .spawn(move || writer.run(rx))
-        .map_err(io_err(raft_dir))?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let thread = if writer.hooks.is_some() {
+        writer.report_synced();
+        WriterJoin::Task(tokio::spawn(writer.run_task(rx)))
+    } else {
+        WriterJoin::Thread(
+            std::thread::Builder::new()
+                .name("baton-wal".into())
+                .spawn(move || writer.run(rx))
+                .map_err(io_err(raft_dir))?,
+        )
+    };
     let store = LogStore {
         mem: Arc::new(RwLock::new(rec.mem)),
         tx: tx.clone(),
@@ -778,7 +850,7 @@ fn write_err(msg: impl ToString) -> StorageError {
 /// so the in-memory log and the queued records always agree on order.
 pub(crate) struct LogStore {
     mem: Arc<RwLock<MemLog>>,
-    tx: mpsc::Sender<Op>,
+    tx: mpsc::UnboundedSender<Op>,
     generation: u64,
     /// Bytes of the current generation once everything queued is written (mirrors the writer).
     file_bytes: u64,

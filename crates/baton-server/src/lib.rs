@@ -126,17 +126,6 @@ pub async fn serve_with_locks(
     metrics: metrics_exporter_prometheus::PrometheusHandle,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    use baton_proto::baton::v1::{
-        exactly_once_server::ExactlyOnceServer, fence_server::FenceServer, lock_server::LockServer,
-    };
-    use baton_proto::etcdserverpb::{
-        auth_server::AuthServer, cluster_server::ClusterServer, kv_server::KvServer,
-        lease_server::LeaseServer, maintenance_server::MaintenanceServer,
-        watch_server::WatchServer,
-    };
-    use baton_proto::v3electionpb::election_server::ElectionServer;
-    use baton_proto::v3lockpb::lock_server::LockServer as V3LockServer;
-
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
@@ -153,71 +142,7 @@ pub async fn serve_with_locks(
         let incoming = tonic::transport::server::TcpIncoming::from(listener)
             .with_nodelay(Some(true))
             .with_keepalive(Some(Duration::from_secs(60)));
-        let router = tonic::transport::Server::builder()
-            .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .layer(metrics_layer::GrpcMetricsLayer)
-            .layer(learner_layer::LearnerGuardLayer {
-                node: shared.node.clone(),
-            })
-            .add_service(
-                KvServer::new(kv::KvService {
-                    shared: shared.clone(),
-                })
-                .max_decoding_message_size(MAX_GRPC_RECV_BYTES)
-                .max_encoding_message_size(usize::MAX),
-            )
-            .add_service(
-                WatchServer::new(watch::WatchService {
-                    shared: shared.clone(),
-                })
-                .max_decoding_message_size(MAX_GRPC_RECV_BYTES)
-                .max_encoding_message_size(usize::MAX),
-            )
-            .add_service(
-                LeaseServer::new(lease::LeaseService {
-                    shared: shared.clone(),
-                })
-                .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
-            )
-            .add_service(ClusterServer::new(cluster::ClusterService {
-                shared: shared.clone(),
-            }))
-            .add_service(MaintenanceServer::new(maintenance::MaintenanceService {
-                shared: shared.clone(),
-            }))
-            .add_service(AuthServer::new(maintenance::AuthService {
-                shared: shared.clone(),
-            }))
-            .add_service(
-                V3LockServer::new(v3lock::V3LockService {
-                    engine: locks.clone(),
-                })
-                .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
-            )
-            .add_service(
-                ElectionServer::new(election::ElectionService {
-                    engine: locks.clone(),
-                })
-                .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
-            )
-            .add_service(
-                LockServer::new(baton_v1::LockService {
-                    engine: locks.clone(),
-                })
-                .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
-            )
-            .add_service(
-                FenceServer::new(baton_v1::FenceService {
-                    engine: locks.clone(),
-                })
-                .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
-            )
-            .add_service(
-                ExactlyOnceServer::new(exactly_once::ExactlyOnceService {
-                    shared: shared.clone(),
-                })
-                .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
-            );
+        let router = grpc_router(&shared, &locks);
         let mut stop = stop_rx.clone();
         tasks.spawn(async move {
             router
@@ -256,6 +181,95 @@ pub async fn serve_with_locks(
         }
     }
     Ok(())
+}
+
+/// The gRPC router of every client-facing service over `shared` and `locks`; [`serve`] runs
+/// it on TCP listeners, a simulation (`baton-sim`) on its own simulated connections.
+pub fn grpc_router(
+    shared: &Shared,
+    locks: &locks::LockEngine,
+) -> tonic::transport::server::Router<
+    tower::layer::util::Stack<
+        learner_layer::LearnerGuardLayer,
+        tower::layer::util::Stack<metrics_layer::GrpcMetricsLayer, tower::layer::util::Identity>,
+    >,
+> {
+    use baton_proto::baton::v1::{
+        exactly_once_server::ExactlyOnceServer, fence_server::FenceServer, lock_server::LockServer,
+    };
+    use baton_proto::etcdserverpb::{
+        auth_server::AuthServer, cluster_server::ClusterServer, kv_server::KvServer,
+        lease_server::LeaseServer, maintenance_server::MaintenanceServer,
+        watch_server::WatchServer,
+    };
+    use baton_proto::v3electionpb::election_server::ElectionServer;
+    use baton_proto::v3lockpb::lock_server::LockServer as V3LockServer;
+
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .layer(metrics_layer::GrpcMetricsLayer)
+        .layer(learner_layer::LearnerGuardLayer {
+            node: shared.node.clone(),
+        })
+        .add_service(
+            KvServer::new(kv::KvService {
+                shared: shared.clone(),
+            })
+            .max_decoding_message_size(MAX_GRPC_RECV_BYTES)
+            .max_encoding_message_size(usize::MAX),
+        )
+        .add_service(
+            WatchServer::new(watch::WatchService {
+                shared: shared.clone(),
+            })
+            .max_decoding_message_size(MAX_GRPC_RECV_BYTES)
+            .max_encoding_message_size(usize::MAX),
+        )
+        .add_service(
+            LeaseServer::new(lease::LeaseService {
+                shared: shared.clone(),
+            })
+            .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
+        )
+        .add_service(ClusterServer::new(cluster::ClusterService {
+            shared: shared.clone(),
+        }))
+        .add_service(MaintenanceServer::new(maintenance::MaintenanceService {
+            shared: shared.clone(),
+        }))
+        .add_service(AuthServer::new(maintenance::AuthService {
+            shared: shared.clone(),
+        }))
+        .add_service(
+            V3LockServer::new(v3lock::V3LockService {
+                engine: locks.clone(),
+            })
+            .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
+        )
+        .add_service(
+            ElectionServer::new(election::ElectionService {
+                engine: locks.clone(),
+            })
+            .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
+        )
+        .add_service(
+            LockServer::new(baton_v1::LockService {
+                engine: locks.clone(),
+            })
+            .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
+        )
+        .add_service(
+            FenceServer::new(baton_v1::FenceService {
+                engine: locks.clone(),
+            })
+            .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
+        )
+        .add_service(
+            ExactlyOnceServer::new(exactly_once::ExactlyOnceService {
+                shared: shared.clone(),
+            })
+            .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
+        )
 }
 
 /// Why serving stopped early.

@@ -1,0 +1,158 @@
+//! What a replica takes from its environment: the peer network, the wall clock, randomness
+//! and the disk's durability. [`Environment::default`] is the real world (TCP, the system
+//! clock, OS randomness, the log writer on its own OS thread) and is what `baton serve`
+//! uses; a deterministic simulation (`baton-sim`) injects its own so that N members run in
+//! one process, on simulated time and network, reproducibly from a seed.
+//!
+//! Why each hook exists:
+//! - **transport**: the peer gRPC service and its client channels are the real tonic code
+//!   in both worlds; only how bytes move (a TCP socket or a simulated one) is swapped.
+//! - **wall clock**: the leader stamps entries with wall-clock time (`Entry::time_ms`); a
+//!   simulated clock makes that reproducible and lets a test jump one member's clock.
+//! - **seed**: lease ids, the restart hold and the election timeout are random; seeded,
+//!   they are reproducible (the election timeout becomes a fixed per-member value drawn from
+//!   the seed instead of openraft's own `thread_rng` draw).
+//! - **disk**: with hooks, the log writer runs as a task on the replica's runtime (not an OS
+//!   thread, whose timing no simulation controls), reports how far each log file is durable
+//!   (so a simulated crash can drop what was written but not fsynced) and can be slowed.
+
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tonic::transport::{Channel, Endpoint};
+
+/// A replica's environment; the default is the real one.
+#[derive(Clone, Default)]
+pub struct Environment {
+    /// How peer connections are made and accepted; `None`: TCP.
+    pub transport: Option<Arc<dyn PeerTransport>>,
+    /// The wall clock entries are stamped with; `None`: the system clock.
+    pub wall_clock: Option<Arc<dyn WallClock>>,
+    /// Seed of this replica's randomness; `None`: OS randomness.
+    pub seed: Option<u64>,
+    /// Durability hooks of the log writer; `None`: the writer runs on its own OS thread.
+    pub disk: Option<Arc<dyn DiskHooks>>,
+}
+
+impl fmt::Debug for Environment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Environment")
+            .field("transport", &self.transport.as_ref().map(|_| "injected"))
+            .field("wall_clock", &self.wall_clock.as_ref().map(|_| "injected"))
+            .field("seed", &self.seed)
+            .field("disk", &self.disk.as_ref().map(|_| "injected"))
+            .finish()
+    }
+}
+
+impl Environment {
+    /// Wall-clock milliseconds since the Unix epoch.
+    pub(crate) fn wall_ms(&self) -> u64 {
+        match &self.wall_clock {
+            Some(c) => c.now_ms(),
+            None => SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+        }
+    }
+
+    /// A clock handle for tasks that outlive a borrow of the config.
+    pub(crate) fn clock(&self) -> Arc<dyn WallClock> {
+        match &self.wall_clock {
+            Some(c) => c.clone(),
+            None => Arc::new(SystemClock),
+        }
+    }
+
+    /// This replica's random number generator.
+    pub(crate) fn rng(&self) -> rand::rngs::StdRng {
+        use rand::SeedableRng;
+        match self.seed {
+            Some(seed) => rand::rngs::StdRng::seed_from_u64(seed),
+            None => rand::rngs::StdRng::from_entropy(),
+        }
+    }
+}
+
+/// Wall-clock time in milliseconds since the Unix epoch.
+pub trait WallClock: Send + Sync + 'static {
+    fn now_ms(&self) -> u64;
+}
+
+/// The system clock.
+struct SystemClock;
+
+impl WallClock for SystemClock {
+    fn now_ms(&self) -> u64 {
+        Environment::default().wall_ms()
+    }
+}
+
+/// Accepted peer connections, in order; the sender side is fed by the transport.
+pub type PeerIncoming = tokio::sync::mpsc::Receiver<io::Result<PeerIo>>;
+
+/// A future returned by [`PeerTransport::listen`].
+pub type ListenFuture = Pin<Box<dyn Future<Output = io::Result<PeerIncoming>> + Send>>;
+
+/// How peer connections are made and accepted when not over real TCP.
+pub trait PeerTransport: Send + Sync + 'static {
+    /// A lazily connecting channel for `endpoint` (its URL names the peer).
+    fn connect_lazy(&self, endpoint: Endpoint) -> Channel;
+    /// Starts accepting connections on `addr`; fails like a TCP bind would.
+    fn listen(&self, addr: SocketAddr) -> ListenFuture;
+}
+
+/// Durability hooks of the log writer (see the module docs).
+pub trait DiskHooks: Send + Sync + 'static {
+    /// `path` is durable through its first `len` bytes (after an fsync, or a file written
+    /// atomically, or recovered at start).
+    fn synced(&self, path: &Path, len: u64);
+    /// How long the next write + fsync of a batch takes (a slow disk); zero for none.
+    fn fsync_delay(&self) -> Duration;
+}
+
+/// Object-safe byte stream of an injected peer connection.
+pub trait PeerStream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> PeerStream for T {}
+
+/// One accepted peer connection of an injected transport.
+pub struct PeerIo(pub Box<dyn PeerStream>);
+
+impl tonic::transport::server::Connected for PeerIo {
+    type ConnectInfo = ();
+    fn connect_info(&self) -> Self::ConnectInfo {}
+}
+
+impl AsyncRead for PeerIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.0).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for PeerIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut *self.0).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.0).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.0).poll_shutdown(cx)
+    }
+}
