@@ -116,8 +116,14 @@ impl SimConfig {
 
     /// The one-line command that replays this run.
     pub fn replay_command(&self) -> String {
+        // Bit-for-bit replay needs the same build flags as the run that failed.
+        let prefix = if cfg!(tokio_unstable) {
+            "RUSTFLAGS=\"--cfg tokio_unstable\" CARGO_TARGET_DIR=target/sim "
+        } else {
+            ""
+        };
         let mut cmd = format!(
-            "cargo run --release -p baton-sim -- replay --seed {} --members {}",
+            "{prefix}cargo run --release -p baton-sim -- replay --seed {} --members {}",
             self.seed, self.members
         );
         if self.quick {

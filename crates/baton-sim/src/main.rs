@@ -9,7 +9,7 @@
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use baton_sim::{run, swarm, SimConfig};
+use baton_sim::{run, SimConfig};
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser)]
@@ -68,6 +68,18 @@ struct Common {
 }
 
 impl Common {
+    /// The flags of this invocation, for a child `replay`.
+    fn args(&self) -> Vec<String> {
+        let mut args = vec!["--members".to_string(), self.members.to_string()];
+        if self.quick {
+            args.push("--quick".into());
+        }
+        if self.lying_disks {
+            args.push("--lying-disks".into());
+        }
+        args
+    }
+
     fn config(&self, seed: u64) -> SimConfig {
         let mut c = if self.quick {
             SimConfig::quick(seed)
@@ -96,6 +108,37 @@ impl Common {
     }
 }
 
+/// Runs `replay --seed N` in a child process of this binary: `Ok(trace hash)` if the seed
+/// passed, `Err(first line of its report)` if it failed.
+fn replay_in_child(common: &Common, seed: u64) -> Result<std::result::Result<String, String>> {
+    let out = std::process::Command::new(std::env::current_exe()?)
+        .arg("replay")
+        .arg("--seed")
+        .arg(seed.to_string())
+        .args(common.args())
+        .env("RUST_BACKTRACE", "0")
+        .stderr(std::process::Stdio::null())
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let first = stdout.lines().next().unwrap_or("").to_string();
+    if out.status.success() {
+        let hash = first
+            .split("trace hash ")
+            .nth(1)
+            .and_then(|s| s.split(',').next())
+            .unwrap_or("")
+            .to_string();
+        Ok(Ok(hash))
+    } else if first.is_empty() {
+        Ok(Err(format!(
+            "seed {seed} FAILED: the replay process exited with {}",
+            out.status
+        )))
+    } else {
+        Ok(Err(stdout.trim_end().to_string()))
+    }
+}
+
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
@@ -107,24 +150,33 @@ fn main() -> Result<()> {
         } => {
             common.init_tracing();
             let base = common.config(start);
-            let report = swarm(&base, start, seeds, !keep_going, |seed, res| {
-                if let Err(e) = res {
-                    let mut c = base.clone();
-                    c.seed = seed;
-                    println!("seed {seed} FAILED: {e}");
-                    println!("replay: {}", c.replay_command());
+            let t0 = Instant::now();
+            let (mut passed, mut failed) = (0usize, 0usize);
+            for seed in start..start + seeds {
+                // Each seed in a fresh process, exactly as `replay` runs it: process-wide
+                // state (tokio's task ids) would otherwise differ from the replay's.
+                match replay_in_child(&common, seed)? {
+                    Ok(_) => passed += 1,
+                    Err(first_line) => {
+                        failed += 1;
+                        let mut c = base.clone();
+                        c.seed = seed;
+                        println!("{first_line}");
+                        println!("replay: {}", c.replay_command());
+                        if !keep_going {
+                            break;
+                        }
+                    }
                 }
-            });
+            }
+            let elapsed = t0.elapsed().as_secs_f64();
             println!(
-                "{} passed, {} failed ({} members, {:.1} s, {:.2} s/seed)",
-                report.passed,
-                report.failed.len(),
+                "{passed} passed, {failed} failed ({} members, {elapsed:.1} s, {:.2} s/seed)",
                 base.members,
-                report.elapsed.as_secs_f64(),
-                report.elapsed.as_secs_f64() / (report.passed + report.failed.len()).max(1) as f64
+                elapsed / (passed + failed).max(1) as f64
             );
-            if !report.failed.is_empty() {
-                bail!("{} seed(s) failed", report.failed.len());
+            if failed > 0 {
+                bail!("{failed} seed(s) failed");
             }
         }
         Command::Determinism {
@@ -133,29 +185,18 @@ fn main() -> Result<()> {
             common,
         } => {
             common.init_tracing();
-            let mut differing = Vec::new();
+            let mut differing = 0;
             for seed in start..start + seeds {
-                let config = common.config(seed);
-                let a = run(&config).map(|o| o.trace_hash);
-                let b = run(&config).map(|o| o.trace_hash);
-                match (a, b) {
-                    (Ok(a), Ok(b)) if a == b => {}
-                    (Ok(a), Ok(b)) => {
-                        println!("seed {seed}: trace {a:016x} then {b:016x}");
-                        differing.push(seed);
-                    }
-                    (a, b) => {
-                        println!("seed {seed}: {:?} then {:?}", a.err(), b.err());
-                        differing.push(seed);
-                    }
+                let a = replay_in_child(&common, seed)?;
+                let b = replay_in_child(&common, seed)?;
+                if a != b {
+                    println!("seed {seed}: {a:?}\n   then {b:?}");
+                    differing += 1;
                 }
             }
-            println!(
-                "{} of {seeds} seeds identical on replay",
-                seeds as usize - differing.len()
-            );
-            if !differing.is_empty() {
-                bail!("{} seed(s) not reproducible", differing.len());
+            println!("{} of {seeds} seeds identical on replay", seeds - differing);
+            if differing > 0 {
+                bail!("{differing} seed(s) not reproducible");
             }
         }
         Command::Replay { seed, common } => {

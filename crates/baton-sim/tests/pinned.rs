@@ -39,20 +39,44 @@ fn seed_235_convergence_compared_at_a_quiet_moment() {
     assert_passes(SimConfig::new(235));
 }
 
-/// The same seed gives the same run: every client result with its simulated time, every
-/// fault, watch event and final replica state hashes to the same value.
+/// A member stayed behind for ~7 s after a one-way partition healed: turmoil had dropped
+/// its answers mid-stream, and the stalled connection is replaced only when HTTP/2
+/// keep-alive gives up on it. Not a Baton bug; the convergence check now allows for it.
 #[test]
+fn seed_65_quick_member_behind_a_stalled_connection_catches_up() {
+    assert_passes(SimConfig::quick(65));
+}
+
+/// The same seed gives the same run: every client result with its simulated time, every
+/// fault, watch event and final replica state hashes to the same value. Each run is its own
+/// process, as `replay` runs it (tokio's task ids are process-wide), and the build must seed
+/// tokio's per-runtime RNG (`select!`), which needs `--cfg tokio_unstable`:
+/// `RUSTFLAGS="--cfg tokio_unstable" CARGO_TARGET_DIR=target/sim cargo test -p baton-sim
+/// --test pinned`. Without it, runs of one seed can differ (docs/simulation.md).
+#[test]
+#[cfg_attr(
+    not(tokio_unstable),
+    ignore = "bit-for-bit replay needs RUSTFLAGS=\"--cfg tokio_unstable\""
+)]
 fn same_seed_same_trace() {
-    let config = SimConfig::quick(7);
-    let a = run(&config).expect("seed 7 passes");
-    let b = run(&config).expect("seed 7 passes");
-    assert_eq!(a.trace_hash, b.trace_hash, "two runs of seed 7 differ");
-    assert_eq!(a.ops, b.ops);
-    let other = run(&SimConfig::quick(8)).expect("seed 8 passes");
-    assert_ne!(
-        a.trace_hash, other.trace_hash,
-        "the trace does not depend on the seed"
-    );
+    let trace = |seed: u64| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_baton-sim"))
+            .args(["replay", "--quick", "--seed", &seed.to_string()])
+            .output()
+            .expect("run baton-sim");
+        assert!(out.status.success(), "seed {seed} failed: {out:?}");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        stdout
+            .split("trace hash ")
+            .nth(1)
+            .and_then(|s| s.split(',').next())
+            .expect("a trace hash")
+            .to_string()
+    };
+    for seed in [7, 29] {
+        assert_eq!(trace(seed), trace(seed), "two runs of seed {seed} differ");
+    }
+    assert_ne!(trace(7), trace(8), "the trace does not depend on the seed");
 }
 
 /// The checkers can fail: with disks that ignore fsync (a planted durability bug), a crash
