@@ -22,48 +22,6 @@ async fn client(endpoint: &str) -> Client {
         .unwrap_or_else(|e| panic!("connect to {endpoint}: {e}"))
 }
 
-/// `(member_id, leader)` of every member that answers `Status`.
-async fn statuses(endpoints: &[String]) -> Vec<Option<(u64, u64)>> {
-    let mut out = Vec::new();
-    for ep in endpoints {
-        let st = async {
-            let mut c = client(ep).await;
-            let s = c.status().await.ok()?;
-            Some((s.header()?.member_id(), s.leader()))
-        };
-        out.push(
-            tokio::time::timeout(Duration::from_secs(2), st)
-                .await
-                .ok()
-                .flatten(),
-        );
-    }
-    out
-}
-
-/// Waits until every listed member reports the same leader, which is one of them; returns
-/// the leader's index in `endpoints`.
-async fn agreed_leader(endpoints: &[String], within: Duration) -> usize {
-    let deadline = Instant::now() + within;
-    loop {
-        let st = statuses(endpoints).await;
-        if let Some(Some((_, leader))) = st.first() {
-            let agreed = st.iter().all(|s| s.is_some_and(|(_, l)| l == *leader));
-            let index = st.iter().position(|s| s.is_some_and(|(m, _)| m == *leader));
-            if *leader != 0 && agreed {
-                if let Some(i) = index {
-                    return i;
-                }
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no agreed leader within {within:?}: {st:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 fn endpoints(c: &Cluster) -> Vec<String> {
     c.members.iter().map(|m| m.endpoint()).collect()
 }
@@ -85,7 +43,7 @@ async fn three_members_serve_from_any_member() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = Cluster::start(dir.path(), 3, &[]);
     let eps = endpoints(&cluster);
-    let leader = agreed_leader(&eps, Duration::from_secs(10)).await;
+    let leader = common::agreed_leader(&eps, Duration::from_secs(10)).await;
     let follower = (leader + 1) % 3;
 
     // Member list on any member: three members with names, peer and client URLs (client
@@ -222,7 +180,7 @@ async fn leader_kill9_fails_over_and_the_member_catches_up() {
     // below is what a default deployment gets.
     let mut cluster = Cluster::start(dir.path(), 3, &["--snapshot-count", "100"]);
     let eps = endpoints(&cluster);
-    let mut leader = agreed_leader(&eps, Duration::from_secs(10)).await;
+    let mut leader = common::agreed_leader(&eps, Duration::from_secs(10)).await;
     let mut failovers = Vec::new();
 
     for round in 0..ROUNDS {
@@ -256,7 +214,8 @@ async fn leader_kill9_fails_over_and_the_member_catches_up() {
         );
         failovers.push(took);
         let survivor_eps: Vec<String> = survivors.iter().map(|i| eps[*i].clone()).collect();
-        let new_leader = survivors[agreed_leader(&survivor_eps, Duration::from_secs(5)).await];
+        let new_leader =
+            survivors[common::agreed_leader(&survivor_eps, Duration::from_secs(5)).await];
         assert_ne!(new_leader, leader);
 
         // Writes through both survivors while the member is down; enough that the leader
@@ -337,10 +296,10 @@ async fn leader_kill9_fails_over_and_the_member_catches_up() {
         // Its restart did not depose the leader (it holds its elections until it has heard
         // from the leader).
         assert_eq!(
-            survivors[agreed_leader(&survivor_eps, Duration::from_secs(5)).await],
+            survivors[common::agreed_leader(&survivor_eps, Duration::from_secs(5)).await],
             new_leader
         );
-        leader = agreed_leader(&eps, Duration::from_secs(5)).await;
+        leader = common::agreed_leader(&eps, Duration::from_secs(5)).await;
         assert_eq!(
             leader, new_leader,
             "a restarted member does not disrupt the leader"

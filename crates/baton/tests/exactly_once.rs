@@ -39,53 +39,6 @@ fn put_req(
     }
 }
 
-/// Waits until every endpoint reports the same leader, which is one of them; returns its
-/// index.
-async fn wait_for_leader(endpoints: &[String], within: Duration) -> usize {
-    use pb::maintenance_client::MaintenanceClient;
-    let deadline = Instant::now() + within;
-    loop {
-        let mut seen = Vec::new();
-        for ep in endpoints {
-            let status = async {
-                let ch = Channel::from_shared(format!("http://{ep}"))
-                    .ok()?
-                    .connect()
-                    .await
-                    .ok()?;
-                let s = MaintenanceClient::new(ch)
-                    .status(pb::StatusRequest {})
-                    .await
-                    .ok()?
-                    .into_inner();
-                Some((s.header?.member_id, s.leader))
-            };
-            seen.push(
-                tokio::time::timeout(Duration::from_secs(1), status)
-                    .await
-                    .ok()
-                    .flatten(),
-            );
-        }
-        if let Some(Some((_, leader))) = seen.first() {
-            let agreed = *leader != 0 && seen.iter().all(|s| s.is_some_and(|(_, l)| l == *leader));
-            if let Some(i) = seen
-                .iter()
-                .position(|s| s.is_some_and(|(m, _)| m == *leader))
-            {
-                if agreed {
-                    return i;
-                }
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no agreed leader within {within:?}: {seen:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 async fn version(endpoint: &str, key: &str) -> i64 {
     let c = Client::connect(ClientConfig::new([endpoint.to_string()]))
         .await
@@ -245,7 +198,7 @@ async fn exactly_once_across_leader_kills() {
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::start(dir.path(), 3, &[]);
     let eps: Vec<String> = cluster.members.iter().map(|m| m.endpoint()).collect();
-    wait_for_leader(&eps, Duration::from_secs(15)).await;
+    common::agreed_leader(&eps, Duration::from_secs(15)).await;
 
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut writers = Vec::new();
@@ -278,7 +231,7 @@ async fn exactly_once_across_leader_kills() {
         }));
     }
 
-    let mut leader = wait_for_leader(&eps, Duration::from_secs(15)).await;
+    let mut leader = common::agreed_leader(&eps, Duration::from_secs(15)).await;
     for _ in 0..KILLS {
         tokio::time::sleep(Duration::from_millis(1500)).await;
         cluster.members[leader].kill9();
@@ -289,7 +242,7 @@ async fn exactly_once_across_leader_kills() {
             .filter(|(i, _)| *i != leader)
             .map(|(_, e)| e.clone())
             .collect();
-        let new_leader = wait_for_leader(&survivors, Duration::from_secs(15)).await;
+        let new_leader = common::agreed_leader(&survivors, Duration::from_secs(15)).await;
         eprintln!(
             "killed m{}; new leader after {:?}",
             leader + 1,

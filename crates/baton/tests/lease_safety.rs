@@ -93,7 +93,7 @@ async fn a_leader_without_a_quorum_refuses_keep_alives() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = Cluster::start(dir.path(), 3, &[]);
     let eps: Vec<String> = cluster.members.iter().map(|m| m.endpoint()).collect();
-    let leader = leader_of(&eps, Duration::from_secs(15)).await;
+    let leader = common::agreed_leader(&eps, Duration::from_secs(15)).await;
     let c = client(&eps[leader], Duration::from_secs(3)).await;
     let lease = c.lease_grant(Duration::from_secs(30)).await.unwrap().id;
     assert_eq!(c.lease_keep_alive_once(lease).await.unwrap(), 30);
@@ -151,7 +151,7 @@ async fn a_new_leader_continues_the_lease_countdown() {
         &["--experimental-lease-checkpoint-interval", "500"],
     );
     let eps: Vec<String> = cluster.members.iter().map(|m| m.endpoint()).collect();
-    let leader = leader_of(&eps, Duration::from_secs(15)).await;
+    let leader = common::agreed_leader(&eps, Duration::from_secs(15)).await;
     let c = client(&eps[leader], Duration::from_secs(3)).await;
     let lease = c
         .lease_grant(Duration::from_secs(TTL as u64))
@@ -166,7 +166,7 @@ async fn a_new_leader_continues_the_lease_countdown() {
         .filter(|i| *i != leader)
         .map(|i| eps[i].clone())
         .collect();
-    let _ = leader_of(&survivors, Duration::from_secs(15)).await;
+    let _ = common::agreed_leader(&survivors, Duration::from_secs(15)).await;
     let s = client(&survivors[0], Duration::from_secs(3)).await;
     let ttl = loop {
         match s.lease_time_to_live(lease).await {
@@ -193,33 +193,4 @@ async fn a_new_leader_continues_the_lease_countdown() {
         (ttl as f64) <= TTL as f64 - 6.0 + 3.0,
         "the new leader restarted the countdown: {ttl} s left after {elapsed:.1} s"
     );
-}
-
-/// Waits until every listed member agrees on a leader among them; returns its index.
-async fn leader_of(eps: &[String], within: Duration) -> usize {
-    let deadline = Instant::now() + within;
-    loop {
-        let mut views = Vec::new();
-        for ep in eps {
-            let v = async {
-                let c = Client::connect(
-                    ClientConfig::new([ep.clone()]).with_request_timeout(Duration::from_secs(1)),
-                )
-                .await
-                .ok()?;
-                let s = c.status().await.ok()?;
-                Some((s.header?.member_id, s.leader))
-            };
-            views.push(v.await);
-        }
-        if let Some(Some((_, l))) = views.first() {
-            if *l != 0 && views.iter().all(|v| v.is_some_and(|(_, x)| x == *l)) {
-                if let Some(i) = views.iter().position(|v| v.is_some_and(|(m, _)| m == *l)) {
-                    return i;
-                }
-            }
-        }
-        assert!(Instant::now() < deadline, "no agreed leader: {views:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }

@@ -757,3 +757,11 @@ pub async fn agreed_leader_of(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// [`agreed_leader_of`] over client endpoints (`host:port`): waits until every endpoint
+/// names the same leader, which is one of them; returns its index in `endpoints`.
+pub async fn agreed_leader(endpoints: &[String], within_d: Duration) -> usize {
+    let chans: Vec<_> = endpoints.iter().map(|e| lazy_channel(e)).collect();
+    let all: Vec<usize> = (0..chans.len()).collect();
+    agreed_leader_of(&chans, &all, within_d).await
+}
