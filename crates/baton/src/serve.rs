@@ -9,6 +9,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
+/// How often queued histogram samples are folded into their buckets (see `serve`).
+const METRICS_UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     /// Human-readable name of this member.
@@ -170,6 +173,20 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         .context("metric buckets")?
         .install_recorder()
         .context("installing the metrics recorder")?;
+    // `install_recorder` leaves upkeep to us: without it every histogram sample recorded
+    // between two scrapes stays queued in memory (metrics-rs/metrics#467), so a member nobody
+    // scrapes grows by a few bytes per request forever. Upkeep folds them into the buckets.
+    {
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(METRICS_UPKEEP_INTERVAL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                metrics.run_upkeep();
+            }
+        });
+    }
 
     let election_timeout = Duration::from_millis(args.election_timeout);
     let mut node_config = baton_raft::NodeConfig::new(args.name.clone(), args.data_dir.clone());
