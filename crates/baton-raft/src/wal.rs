@@ -48,7 +48,7 @@ use std::ops::RangeBounds;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -571,6 +571,8 @@ struct Writer {
     /// "fsyncgate"), so the only safe answer is to stop acknowledging anything.
     failed: Option<(io::ErrorKind, String)>,
     stats: Arc<WalStats>,
+    /// Shared with [`SharedWriter::disk_slow`].
+    disk_slow: Arc<AtomicBool>,
     /// Injected durability hooks (simulation); see `crate::env`.
     hooks: Option<Arc<dyn DiskHooks>>,
 }
@@ -788,6 +790,8 @@ impl Writer {
     fn fsync(&mut self) -> io::Result<()> {
         let t = Instant::now();
         self.file.sync_data()?;
+        self.disk_slow
+            .store(t.elapsed() > INLINE_MAX_FSYNC, Ordering::Relaxed);
         metrics::histogram!("baton_wal_fsync_seconds").record(t.elapsed().as_secs_f64());
         metrics::counter!("baton_wal_fsyncs_total").increment(1);
         self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
@@ -871,12 +875,18 @@ impl WalHandle {
 /// proposer packs many commands into each entry, appends get big, and blocking a runtime
 /// worker for the fsync would idle a core the requests need, so those keep the thread.
 const INLINE_MAX_BYTES: usize = 8 << 10;
+/// ... and only while the disk is quick: after an fsync slower than this, appends go to the
+/// writer thread until one is quick again, so a stalling disk stalls Raft, not the runtime
+/// worker that also serves reads, keep-alives and heartbeats.
+const INLINE_MAX_FSYNC: Duration = Duration::from_millis(2);
 
 /// The writer as shared by its thread and [`Sink`]; `None` once stopped.
 struct SharedWriter {
     writer: Mutex<Option<Writer>>,
     /// Operations sent to the thread and not yet processed.
     queued: AtomicUsize,
+    /// The last fsync took longer than [`INLINE_MAX_FSYNC`].
+    disk_slow: Arc<AtomicBool>,
 }
 
 /// How operations reach the writer: queued for its thread (or task), or carried out at once.
@@ -897,7 +907,10 @@ impl Sink {
             op,
             Op::Append { .. } | Op::Write { .. } | Op::SaveVote { .. }
         ) && op.len() <= INLINE_MAX_BYTES;
-        if small && shared.queued.load(Ordering::Acquire) == 0 {
+        if small
+            && shared.queued.load(Ordering::Acquire) == 0
+            && !shared.disk_slow.load(Ordering::Relaxed)
+        {
             let mut guard = shared.writer.lock();
             if shared.queued.load(Ordering::Acquire) == 0 {
                 let w = guard.as_mut().ok_or(WriterStopped)?;
@@ -953,6 +966,7 @@ pub(crate) fn open(
         dirty: false,
         failed: None,
         stats: stats.clone(),
+        disk_slow: Arc::new(AtomicBool::new(false)),
         hooks,
     };
     let (tx, rx) = mpsc::unbounded_channel();
@@ -962,6 +976,7 @@ pub(crate) fn open(
         (Sink { tx, inline: None }, WriterJoin::Task(task))
     } else {
         let shared = Arc::new(SharedWriter {
+            disk_slow: writer.disk_slow.clone(),
             writer: Mutex::new(Some(writer)),
             queued: AtomicUsize::new(0),
         });

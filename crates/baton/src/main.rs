@@ -42,10 +42,12 @@ enum Command {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    if let Command::Serve(args) = &cli.command {
+        builder.worker_threads(serve::worker_threads(args));
+    }
+    let runtime = builder.build().context("starting the async runtime")?;
     match cli.command {
         Command::Serve(args) => runtime.block_on(serve::serve(args)),
         // The client commands decide their own exit status (the command's, or one of the
