@@ -873,8 +873,10 @@ impl WalHandle {
 /// cross-thread wake-ups, which on this project's 2-vCPU machine were a fifth of a lone
 /// client's put latency (p50 0.40 → 0.33 ms inline; etcd 0.38–0.40 ms). Under load the
 /// proposer packs many commands into each entry, appends get big, and blocking a runtime
-/// worker for the fsync would idle a core the requests need, so those keep the thread.
-const INLINE_MAX_BYTES: usize = 8 << 10;
+/// worker for the fsync would idle a core the requests need, so those keep the thread. The
+/// bound is a few commands' worth: at 8 KiB, 50 lock contenders' batches (≈5 KiB) went
+/// inline and held the runtime's only worker through every fsync.
+const INLINE_MAX_BYTES: usize = 2 << 10;
 /// ... and only while the disk is quick: after an fsync slower than this, appends go to the
 /// writer thread until one is quick again, so a stalling disk stalls Raft, not the runtime
 /// worker that also serves reads, keep-alives and heartbeats.
