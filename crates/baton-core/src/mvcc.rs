@@ -28,6 +28,11 @@ use serde::{Deserialize, Serialize};
 use crate::crc32::Crc32;
 use crate::types::{Event, EventKind, KeyRange, KeyValue, LeaseId, Revision};
 
+/// A key as the store holds it: exactly its bytes (a `Vec` would add a capacity word and,
+/// from a request buffer, possibly slack). Serializes exactly like `Vec<u8>`, so snapshots
+/// written before the change read back unchanged.
+pub(crate) type Key = Box<[u8]>;
+
 /// Bookkeeping bytes charged per retained version in `approximate_size_bytes`: the
 /// `Version` record itself, its share of the map node, and the key copy in `changes`.
 pub(crate) const VERSION_OVERHEAD_BYTES: u64 = 64;
@@ -39,7 +44,8 @@ pub(crate) struct Live {
     pub(crate) create_revision: i64,
     pub(crate) version: i64,
     pub(crate) lease: i64,
-    pub(crate) value: Vec<u8>,
+    /// Boxed for the same reasons as [`Key`] (and serialized the same as a `Vec<u8>`).
+    pub(crate) value: Box<[u8]>,
 }
 
 /// One version of one key: a live value or a tombstone (`live == None`).
@@ -63,7 +69,7 @@ pub(crate) fn key_value(key: &[u8], mod_revision: i64, live: &Live) -> KeyValue 
         create_revision: Revision(live.create_revision),
         mod_revision: Revision(mod_revision),
         version: live.version,
-        value: live.value.clone(),
+        value: live.value.to_vec(),
         lease: LeaseId(live.lease),
     }
 }
@@ -98,8 +104,8 @@ fn bounds(range: &KeyRange) -> Option<KeyBounds<'_>> {
 /// See the module docs.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct KeyStore {
-    keys: BTreeMap<Vec<u8>, Vec<Version>>,
-    changes: BTreeMap<i64, Vec<Vec<u8>>>,
+    keys: BTreeMap<Key, Vec<Version>>,
+    changes: BTreeMap<i64, Vec<Key>>,
     /// Keys whose newest version is live. Derived; kept so `key_count` is O(1).
     live_keys: usize,
     /// Sum of `Version::size_bytes` over all retained versions. Derived.
@@ -109,8 +115,8 @@ pub(crate) struct KeyStore {
 impl KeyStore {
     /// Rebuilds a store from its persisted parts, recomputing the derived counters.
     pub(crate) fn from_parts(
-        keys: BTreeMap<Vec<u8>, Vec<Version>>,
-        changes: BTreeMap<i64, Vec<Vec<u8>>>,
+        keys: BTreeMap<Key, Vec<Version>>,
+        changes: BTreeMap<i64, Vec<Key>>,
     ) -> Self {
         let mut live_keys = 0;
         let mut size_bytes = 0;
@@ -128,11 +134,11 @@ impl KeyStore {
         }
     }
 
-    pub(crate) fn keys(&self) -> &BTreeMap<Vec<u8>, Vec<Version>> {
+    pub(crate) fn keys(&self) -> &BTreeMap<Key, Vec<Version>> {
         &self.keys
     }
 
-    pub(crate) fn changes(&self) -> &BTreeMap<i64, Vec<Vec<u8>>> {
+    pub(crate) fn changes(&self) -> &BTreeMap<i64, Vec<Key>> {
         &self.changes
     }
 
@@ -149,7 +155,7 @@ impl KeyStore {
     pub(crate) fn range<'a>(
         &'a self,
         range: &'a KeyRange,
-    ) -> impl Iterator<Item = (&'a Vec<u8>, &'a Vec<Version>)> + 'a {
+    ) -> impl Iterator<Item = (&'a Key, &'a Vec<Version>)> + 'a {
         bounds(range)
             .map(|b| self.keys.range::<[u8], _>(b))
             .into_iter()
@@ -166,9 +172,15 @@ impl KeyStore {
     fn push(&mut self, key: &[u8], version: Version) {
         let rev = version.mod_revision;
         self.size_bytes += version.size_bytes(key);
+        // New vectors and change lists start with room for exactly one element: most keys
+        // are written once and most revisions change one key, and `push` onto an empty
+        // vector reserves four, which at 100k keys was ~20 MB of never-used capacity.
         let versions = match self.keys.get_mut(key) {
             Some(v) => v,
-            None => self.keys.entry(key.to_vec()).or_default(),
+            None => self
+                .keys
+                .entry(key.into())
+                .or_insert_with(|| Vec::with_capacity(1)),
         };
         let was_live = versions.last().is_some_and(|v| v.live.is_some());
         if let Some(last) = versions.last() {
@@ -187,8 +199,11 @@ impl KeyStore {
             (true, false) => self.live_keys -= 1,
             _ => {}
         }
-        let changed = self.changes.entry(rev).or_default();
-        changed.push(key.to_vec());
+        let changed = self
+            .changes
+            .entry(rev)
+            .or_insert_with(|| Vec::with_capacity(1));
+        changed.push(key.into());
     }
 
     /// Writes a live version of `key` at `rev`.
@@ -224,7 +239,7 @@ impl KeyStore {
     pub(crate) fn compact(&mut self, at: i64) {
         let keep = self.changes.split_off(&(at + 1));
         let dropped = std::mem::replace(&mut self.changes, keep);
-        let touched: BTreeSet<Vec<u8>> = dropped.into_values().flatten().collect();
+        let touched: BTreeSet<Key> = dropped.into_values().flatten().collect();
         for key in touched {
             let Some(versions) = self.keys.get_mut(&key) else {
                 continue;
@@ -389,7 +404,7 @@ impl KeyStore {
             if rev <= compact || rev > revision {
                 return Err(format!("change index entry at revision {rev}"));
             }
-            let unique: BTreeSet<&Vec<u8>> = keys.iter().collect();
+            let unique: BTreeSet<&Key> = keys.iter().collect();
             if keys.is_empty() || unique.len() != keys.len() {
                 return Err("malformed change index entry".into());
             }
