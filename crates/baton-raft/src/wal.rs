@@ -205,6 +205,12 @@ impl MemLog {
         self.purged.map(|p| p.index)
     }
 
+    /// Encoded bytes of the entries after `index` (of all of them for `None`).
+    pub(crate) fn bytes_after(&self, index: Option<u64>) -> u64 {
+        let from = index.map_or(0, |i| i + 1);
+        self.entries.range(from..).map(|(_, s)| s.bytes).sum()
+    }
+
     pub(crate) fn is_pristine(&self) -> bool {
         self.entries.is_empty() && self.purged.is_none() && self.vote.is_none()
     }
@@ -758,9 +764,16 @@ pub(crate) struct WalHandle {
     tx: mpsc::UnboundedSender<Op>,
     thread: Mutex<Option<WriterJoin>>,
     pub(crate) stats: Arc<WalStats>,
+    /// The in-memory log, read-only here (for the size-based snapshot trigger).
+    mem: Arc<RwLock<MemLog>>,
 }
 
 impl WalHandle {
+    /// Encoded bytes of the in-memory log after `index`.
+    pub(crate) fn log_bytes_after(&self, index: Option<u64>) -> u64 {
+        self.mem.read().bytes_after(index)
+    }
+
     /// Flushes everything queued, stops the writer thread and waits for it to exit.
     pub(crate) async fn stop(&self) {
         let (done, rx) = oneshot::channel();
@@ -826,8 +839,9 @@ pub(crate) fn open(
                 .map_err(io_err(raft_dir))?,
         )
     };
+    let mem = Arc::new(RwLock::new(rec.mem));
     let store = LogStore {
-        mem: Arc::new(RwLock::new(rec.mem)),
+        mem: mem.clone(),
         tx: tx.clone(),
         generation: rec.generation,
         file_bytes: rec.file_len,
@@ -838,6 +852,7 @@ pub(crate) fn open(
             tx,
             thread: Mutex::new(Some(thread)),
             stats,
+            mem,
         },
     ))
 }
