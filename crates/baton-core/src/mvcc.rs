@@ -33,6 +33,59 @@ use crate::types::{Event, EventKind, KeyRange, KeyValue, LeaseId, Revision};
 /// written before the change read back unchanged.
 pub(crate) type Key = Box<[u8]>;
 
+/// The keys changed at one revision, in operation order. Almost every revision changes one
+/// key, so that one is held inline: a vector per revision cost an allocation (32 bytes with
+/// glibc) per write. Serialized as a sequence of keys, exactly as the `Vec<Vec<u8>>` it
+/// replaced, so snapshots read back unchanged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Changed {
+    One(Key),
+    Many(Vec<Key>),
+}
+
+impl Changed {
+    pub(crate) fn as_slice(&self) -> &[Key] {
+        match self {
+            Changed::One(k) => std::slice::from_ref(k),
+            Changed::Many(v) => v,
+        }
+    }
+
+    fn push(&mut self, key: Key) {
+        match self {
+            Changed::One(first) => {
+                let first = std::mem::take(first);
+                *self = Changed::Many(vec![first, key]);
+            }
+            Changed::Many(v) => v.push(key),
+        }
+    }
+
+    fn into_vec(self) -> Vec<Key> {
+        match self {
+            Changed::One(k) => vec![k],
+            Changed::Many(v) => v,
+        }
+    }
+}
+
+impl Serialize for Changed {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.as_slice())
+    }
+}
+
+impl<'de> Deserialize<'de> for Changed {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let mut v = Vec::<Key>::deserialize(d)?;
+        Ok(if v.len() == 1 {
+            Changed::One(v.pop().expect("one key"))
+        } else {
+            Changed::Many(v)
+        })
+    }
+}
+
 /// Bookkeeping bytes charged per retained version in `approximate_size_bytes`: the
 /// `Version` record itself, its share of the map node, and the key copy in `changes`.
 pub(crate) const VERSION_OVERHEAD_BYTES: u64 = 64;
@@ -105,7 +158,7 @@ fn bounds(range: &KeyRange) -> Option<KeyBounds<'_>> {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct KeyStore {
     keys: BTreeMap<Key, Vec<Version>>,
-    changes: BTreeMap<i64, Vec<Key>>,
+    changes: BTreeMap<i64, Changed>,
     /// Keys whose newest version is live. Derived; kept so `key_count` is O(1).
     live_keys: usize,
     /// Sum of `Version::size_bytes` over all retained versions. Derived.
@@ -116,7 +169,7 @@ impl KeyStore {
     /// Rebuilds a store from its persisted parts, recomputing the derived counters.
     pub(crate) fn from_parts(
         keys: BTreeMap<Key, Vec<Version>>,
-        changes: BTreeMap<i64, Vec<Key>>,
+        changes: BTreeMap<i64, Changed>,
     ) -> Self {
         let mut live_keys = 0;
         let mut size_bytes = 0;
@@ -138,7 +191,7 @@ impl KeyStore {
         &self.keys
     }
 
-    pub(crate) fn changes(&self) -> &BTreeMap<i64, Vec<Key>> {
+    pub(crate) fn changes(&self) -> &BTreeMap<i64, Changed> {
         &self.changes
     }
 
@@ -172,9 +225,8 @@ impl KeyStore {
     fn push(&mut self, key: &[u8], version: Version) {
         let rev = version.mod_revision;
         self.size_bytes += version.size_bytes(key);
-        // New vectors and change lists start with room for exactly one element: most keys
-        // are written once and most revisions change one key, and `push` onto an empty
-        // vector reserves four, which at 100k keys was ~20 MB of never-used capacity.
+        // A new version vector starts with room for exactly one: most keys are written once,
+        // and `push` onto an empty vector reserves four (~18 MB unused at 100k keys).
         let versions = match self.keys.get_mut(key) {
             Some(v) => v,
             None => self
@@ -199,11 +251,12 @@ impl KeyStore {
             (true, false) => self.live_keys -= 1,
             _ => {}
         }
-        let changed = self
-            .changes
-            .entry(rev)
-            .or_insert_with(|| Vec::with_capacity(1));
-        changed.push(key.into());
+        match self.changes.entry(rev) {
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert(Changed::One(key.into()));
+            }
+            std::collections::btree_map::Entry::Occupied(mut e) => e.get_mut().push(key.into()),
+        }
     }
 
     /// Writes a live version of `key` at `rev`.
@@ -239,7 +292,7 @@ impl KeyStore {
     pub(crate) fn compact(&mut self, at: i64) {
         let keep = self.changes.split_off(&(at + 1));
         let dropped = std::mem::replace(&mut self.changes, keep);
-        let touched: BTreeSet<Key> = dropped.into_values().flatten().collect();
+        let touched: BTreeSet<Key> = dropped.into_values().flat_map(Changed::into_vec).collect();
         for key in touched {
             let Some(versions) = self.keys.get_mut(&key) else {
                 continue;
@@ -315,7 +368,7 @@ impl KeyStore {
         }
         for (&rev, keys) in self.changes.range(from..) {
             let mut batch = Vec::new();
-            for key in keys.iter().filter(|k| range.contains(k)) {
+            for key in keys.as_slice().iter().filter(|k| range.contains(k)) {
                 let versions = &self.keys[key];
                 let idx = versions
                     .binary_search_by_key(&rev, |v| v.mod_revision)
@@ -384,7 +437,7 @@ impl KeyStore {
                     let listed = self
                         .changes
                         .get(&v.mod_revision)
-                        .is_some_and(|ks| ks.iter().any(|k| k == key));
+                        .is_some_and(|ks| ks.as_slice().iter().any(|k| k == key));
                     if !listed {
                         return Err("version missing from the change index".into());
                     }
@@ -401,6 +454,7 @@ impl KeyStore {
             }
         }
         for (&rev, keys) in &self.changes {
+            let keys = keys.as_slice();
             if rev <= compact || rev > revision {
                 return Err(format!("change index entry at revision {rev}"));
             }

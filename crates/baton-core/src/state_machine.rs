@@ -22,7 +22,7 @@ use crate::locks::{
     lock_key, lock_names_of, lock_prefix, FenceDecision, FenceTable, ForceReleaseRecord, LockInfo,
     LockRecord, LockSummary, LockTable, Queue,
 };
-use crate::mvcc::{key_value, visible_at, Key, KeyStore, Live, Version};
+use crate::mvcc::{key_value, visible_at, Changed, Key, KeyStore, Live, Version};
 use crate::types::{Event, EventKind, KeyRange, KeyValue, LeaseId, LogIndex, Revision, Term};
 use crate::validate;
 
@@ -83,7 +83,7 @@ struct SnapshotBodyRef<'a> {
     last_applied: Option<(LogIndex, Term)>,
     last_time_ms: u64,
     keys: &'a BTreeMap<Key, Vec<Version>>,
-    changes: &'a BTreeMap<i64, Vec<Key>>,
+    changes: &'a BTreeMap<i64, Changed>,
     leases: &'a BTreeMap<LeaseId, LeaseRecord>,
     locks: &'a BTreeMap<Vec<u8>, LockRecord>,
     fences: &'a BTreeMap<Vec<u8>, i64>,
@@ -99,7 +99,7 @@ struct SnapshotBody {
     last_applied: Option<(LogIndex, Term)>,
     last_time_ms: u64,
     keys: BTreeMap<Key, Vec<Version>>,
-    changes: BTreeMap<i64, Vec<Key>>,
+    changes: BTreeMap<i64, Changed>,
     leases: BTreeMap<LeaseId, LeaseRecord>,
     locks: BTreeMap<Vec<u8>, LockRecord>,
     fences: BTreeMap<Vec<u8>, i64>,
@@ -114,7 +114,7 @@ struct SnapshotBodyV2 {
     last_applied: Option<(LogIndex, Term)>,
     last_time_ms: u64,
     keys: BTreeMap<Key, Vec<Version>>,
-    changes: BTreeMap<i64, Vec<Key>>,
+    changes: BTreeMap<i64, Changed>,
     leases: BTreeMap<LeaseId, LeaseRecord>,
     locks: BTreeMap<Vec<u8>, LockRecord>,
     fences: BTreeMap<Vec<u8>, i64>,
@@ -145,7 +145,7 @@ struct SnapshotBodyV1 {
     last_applied: Option<(LogIndex, Term)>,
     last_time_ms: u64,
     keys: BTreeMap<Key, Vec<Version>>,
-    changes: BTreeMap<i64, Vec<Key>>,
+    changes: BTreeMap<i64, Changed>,
     leases: BTreeMap<LeaseId, LeaseRecord>,
 }
 
@@ -1597,6 +1597,18 @@ mod tests {
         sm.apply(&entry(1, put("a", "1")));
         sm.apply(&entry(2, put("b", "22")));
         sm.apply(&entry(3, put("a", "333")));
+        // One revision changing two keys (a change list of more than one key).
+        sm.apply(&entry(
+            4,
+            Command::DeleteRange(DeleteRangeRequest {
+                range: KeyRange {
+                    key: b"a".to_vec(),
+                    range_end: b"c".to_vec(),
+                },
+                prev_kv: false,
+            }),
+        ));
+        assert!(sm.store.changes().values().any(|c| c.as_slice().len() == 2));
         let keys = sm
             .store
             .keys()
@@ -1621,7 +1633,7 @@ mod tests {
             .store
             .changes()
             .iter()
-            .map(|(r, ks)| (*r, ks.iter().map(|k| k.to_vec()).collect()))
+            .map(|(r, ks)| (*r, ks.as_slice().iter().map(|k| k.to_vec()).collect()))
             .collect();
         let body = OldBody {
             revision: sm.revision,
