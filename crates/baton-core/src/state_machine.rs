@@ -22,7 +22,7 @@ use crate::locks::{
     lock_key, lock_names_of, lock_prefix, FenceDecision, FenceTable, ForceReleaseRecord, LockInfo,
     LockRecord, LockSummary, LockTable, Queue,
 };
-use crate::mvcc::{key_value, visible_at, KeyStore, Live, Version};
+use crate::mvcc::{key_value, visible_at, Changed, Key, KeyStore, Live, Version};
 use crate::types::{Event, EventKind, KeyRange, KeyValue, LeaseId, LogIndex, Revision, Term};
 use crate::validate;
 
@@ -82,8 +82,8 @@ struct SnapshotBodyRef<'a> {
     compact_revision: i64,
     last_applied: Option<(LogIndex, Term)>,
     last_time_ms: u64,
-    keys: &'a BTreeMap<Vec<u8>, Vec<Version>>,
-    changes: &'a BTreeMap<i64, Vec<Vec<u8>>>,
+    keys: &'a BTreeMap<Key, Vec<Version>>,
+    changes: &'a BTreeMap<i64, Changed>,
     leases: &'a BTreeMap<LeaseId, LeaseRecord>,
     locks: &'a BTreeMap<Vec<u8>, LockRecord>,
     fences: &'a BTreeMap<Vec<u8>, i64>,
@@ -98,8 +98,8 @@ struct SnapshotBody {
     compact_revision: i64,
     last_applied: Option<(LogIndex, Term)>,
     last_time_ms: u64,
-    keys: BTreeMap<Vec<u8>, Vec<Version>>,
-    changes: BTreeMap<i64, Vec<Vec<u8>>>,
+    keys: BTreeMap<Key, Vec<Version>>,
+    changes: BTreeMap<i64, Changed>,
     leases: BTreeMap<LeaseId, LeaseRecord>,
     locks: BTreeMap<Vec<u8>, LockRecord>,
     fences: BTreeMap<Vec<u8>, i64>,
@@ -113,8 +113,8 @@ struct SnapshotBodyV2 {
     compact_revision: i64,
     last_applied: Option<(LogIndex, Term)>,
     last_time_ms: u64,
-    keys: BTreeMap<Vec<u8>, Vec<Version>>,
-    changes: BTreeMap<i64, Vec<Vec<u8>>>,
+    keys: BTreeMap<Key, Vec<Version>>,
+    changes: BTreeMap<i64, Changed>,
     leases: BTreeMap<LeaseId, LeaseRecord>,
     locks: BTreeMap<Vec<u8>, LockRecord>,
     fences: BTreeMap<Vec<u8>, i64>,
@@ -144,8 +144,8 @@ struct SnapshotBodyV1 {
     compact_revision: i64,
     last_applied: Option<(LogIndex, Term)>,
     last_time_ms: u64,
-    keys: BTreeMap<Vec<u8>, Vec<Version>>,
-    changes: BTreeMap<i64, Vec<Vec<u8>>>,
+    keys: BTreeMap<Key, Vec<Version>>,
+    changes: BTreeMap<i64, Changed>,
     leases: BTreeMap<LeaseId, LeaseRecord>,
 }
 
@@ -595,7 +595,7 @@ impl StateMachine {
             .range(&range)
             .filter_map(|(k, vs)| {
                 let live = vs.last()?.live.as_ref()?;
-                Some((live.create_revision, k.clone()))
+                Some((live.create_revision, k.to_vec()))
             })
             .collect()
     }
@@ -981,7 +981,7 @@ impl StateMachine {
                 continue;
             }
             let mut kv = KeyValue {
-                key: key.clone(),
+                key: key.to_vec(),
                 create_revision: Revision(live.create_revision),
                 mod_revision: Revision(v.mod_revision),
                 version: live.version,
@@ -991,7 +991,7 @@ impl StateMachine {
             // keys_only clears values only after sorting (etcd), so sorting by value
             // still needs them; otherwise do not copy them at all.
             if !req.keys_only || req.sort_target == SortTarget::Value {
-                kv.value = live.value.clone();
+                kv.value = live.value.to_vec();
             }
             kvs.push(kv);
         }
@@ -1172,8 +1172,8 @@ impl StateMachine {
             .latest(&p.key)
             .map(|(m, live)| key_value(&p.key, m, live));
         let value = match (&prev, p.ignore_value) {
-            (Some(prev), true) => prev.value.clone(),
-            _ => p.value.clone(),
+            (Some(prev), true) => prev.value.as_slice().into(),
+            _ => p.value.as_slice().into(),
         };
         let lease = match (&prev, p.ignore_lease) {
             (Some(prev), true) => prev.lease,
@@ -1561,6 +1561,99 @@ mod tests {
             }
         );
         assert_eq!(sm.fence_highest(b"s"), None);
+    }
+
+    /// Keys and values were `Vec<u8>` in the store (and so in snapshots) before they became
+    /// `Box<[u8]>`; serde encodes both as the same sequence, so a snapshot written by the old
+    /// types must read back as the same state, and the new types must write the same bytes.
+    #[test]
+    fn snapshots_with_vec_keys_and_values_still_restore() {
+        #[derive(Serialize)]
+        struct OldLive {
+            create_revision: i64,
+            version: i64,
+            lease: i64,
+            value: Vec<u8>,
+        }
+        #[derive(Serialize)]
+        struct OldVersion {
+            mod_revision: i64,
+            live: Option<OldLive>,
+        }
+        #[derive(Serialize)]
+        struct OldBody<'a> {
+            revision: i64,
+            compact_revision: i64,
+            last_applied: Option<(LogIndex, Term)>,
+            last_time_ms: u64,
+            keys: BTreeMap<Vec<u8>, Vec<OldVersion>>,
+            changes: BTreeMap<i64, Vec<Vec<u8>>>,
+            leases: &'a BTreeMap<LeaseId, LeaseRecord>,
+            locks: &'a BTreeMap<Vec<u8>, LockRecord>,
+            fences: &'a BTreeMap<Vec<u8>, i64>,
+            clients: &'a BTreeMap<u64, ClientSession>,
+        }
+        let mut sm = StateMachine::new();
+        sm.apply(&entry(1, put("a", "1")));
+        sm.apply(&entry(2, put("b", "22")));
+        sm.apply(&entry(3, put("a", "333")));
+        // One revision changing two keys (a change list of more than one key).
+        sm.apply(&entry(
+            4,
+            Command::DeleteRange(DeleteRangeRequest {
+                range: KeyRange {
+                    key: b"a".to_vec(),
+                    range_end: b"c".to_vec(),
+                },
+                prev_kv: false,
+            }),
+        ));
+        assert!(sm.store.changes().values().any(|c| c.as_slice().len() == 2));
+        let keys = sm
+            .store
+            .keys()
+            .iter()
+            .map(|(k, vs)| {
+                let vs = vs
+                    .iter()
+                    .map(|v| OldVersion {
+                        mod_revision: v.mod_revision,
+                        live: v.live.as_ref().map(|l| OldLive {
+                            create_revision: l.create_revision,
+                            version: l.version,
+                            lease: l.lease,
+                            value: l.value.to_vec(),
+                        }),
+                    })
+                    .collect();
+                (k.to_vec(), vs)
+            })
+            .collect();
+        let changes = sm
+            .store
+            .changes()
+            .iter()
+            .map(|(r, ks)| (*r, ks.as_slice().iter().map(|k| k.to_vec()).collect()))
+            .collect();
+        let body = OldBody {
+            revision: sm.revision,
+            compact_revision: sm.compact_revision,
+            last_applied: sm.last_applied,
+            last_time_ms: sm.last_time_ms,
+            keys,
+            changes,
+            leases: &sm.leases,
+            locks: sm.locks.records(),
+            fences: sm.fences.map(),
+            clients: sm.clients.map(),
+        };
+        let payload = bincode::serialize(&body).expect("serialize");
+        let mut old = vec![SNAPSHOT_FORMAT];
+        old.extend_from_slice(&crc32(&payload).to_le_bytes());
+        old.extend_from_slice(&payload);
+        assert_eq!(sm.snapshot(), old, "same bytes as before");
+        let restored = StateMachine::restore(&old).expect("old encoding restores");
+        assert_eq!(restored.hash_kv(0), sm.hash_kv(0));
     }
 
     #[test]

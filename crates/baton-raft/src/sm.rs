@@ -217,11 +217,14 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapBuilder {
         let locked = started.elapsed();
         let shared = self.shared.clone();
         let m = meta.clone();
-        let (res, body) = tokio::task::spawn_blocking(move || {
+        let (res, bytes) = tokio::task::spawn_blocking(move || {
             let body = sm.snapshot();
             drop(sm);
             let res = shared.persist_snapshot(&m, &body);
-            (res, body)
+            let bytes = body.len();
+            drop(body);
+            release_freed_memory();
+            (res, bytes)
         })
         .await
         .map_err(|e| sm_err(format!("snapshot writer panicked: {e}")))?;
@@ -233,15 +236,35 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapBuilder {
         })?;
         tracing::info!(
             last_log_id = ?meta.last_log_id,
-            bytes = body.len(),
+            bytes,
             locked_ms = locked.as_millis() as u64,
             total_ms = started.elapsed().as_millis() as u64,
             "snapshot written"
         );
+        // The body is not handed back: openraft 0.9 keeps only the meta of a snapshot it had
+        // built (`core/sm/worker.rs`, `storage/helper.rs`) and reads snapshots for followers
+        // through `get_current_snapshot`, i.e. from the file just written. Returning it would
+        // only keep a second copy of the whole state alive a little longer (354 MB at 1M
+        // keys) and, dropped on another thread, out of reach of `release_freed_memory`.
         Ok(Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(body)),
+            snapshot: Box::new(Cursor::new(Vec::new())),
         })
+    }
+}
+
+/// Returns freed heap memory to the operating system after a snapshot. Building one copies
+/// the state and encodes it (together about twice the state's size), and glibc keeps what
+/// those copies occupied in its arenas, mapped and counted in RSS, long after they are freed:
+/// at 1M keys of 256 B the process stayed at 1.5 GB after the first snapshot, 0.96 GB after
+/// a `malloc_trim`. It runs on the blocking thread that wrote the snapshot, once per
+/// snapshot; it briefly locks each arena while it walks it.
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory of the allocator; it has no
+    // preconditions and is safe to call from any thread at any time.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

@@ -218,6 +218,12 @@ impl MemLog {
         self.purged.map(|p| p.index)
     }
 
+    /// Encoded bytes of the entries after `index` (of all of them for `None`).
+    pub(crate) fn bytes_after(&self, index: Option<u64>) -> u64 {
+        let from = index.map_or(0, |i| i + 1);
+        self.entries.range(from..).map(|(_, s)| s.bytes).sum()
+    }
+
     pub(crate) fn is_pristine(&self) -> bool {
         self.entries.is_empty() && self.purged.is_none() && self.vote.is_none()
     }
@@ -834,13 +840,19 @@ impl Writer {
 /// Handle to the writer thread kept by the node, to flush and stop it on shutdown.
 pub(crate) struct WalHandle {
     sink: Sink,
-    /// The log's memory image, for the committed id written at shutdown.
-    mem: Arc<RwLock<MemLog>>,
     thread: Mutex<Option<WriterJoin>>,
     pub(crate) stats: Arc<WalStats>,
+    /// The in-memory log, read-only here: the committed id written at shutdown and the
+    /// size-based snapshot trigger.
+    mem: Arc<RwLock<MemLog>>,
 }
 
 impl WalHandle {
+    /// Encoded bytes of the in-memory log after `index`.
+    pub(crate) fn log_bytes_after(&self, index: Option<u64>) -> u64 {
+        self.mem.read().bytes_after(index)
+    }
+
     /// Flushes everything queued, stops the writer thread and waits for it to exit.
     pub(crate) async fn stop(&self) {
         let committed = self.mem.read().committed;
