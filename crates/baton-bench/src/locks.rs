@@ -298,7 +298,7 @@ impl Contender {
             let released = self.release(held).await;
             let done = Instant::now();
             match released {
-                Ok(()) if done >= window_start && done <= window_end => tally.record(got - sent)?,
+                Ok(()) if done >= window_start && done <= window_end => tally.record(got - sent),
                 Ok(()) => {}
                 Err(e) => {
                     tally.error(&e);

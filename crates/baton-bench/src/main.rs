@@ -10,11 +10,6 @@
 //! servers, takes minutes, and its numbers are for people to read, not for CI to assert on.
 //! See `bench/README.md` for how to run it and how to read the results.
 
-mod locks;
-mod report;
-mod server;
-mod workload;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -23,9 +18,10 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 
-use report::{Binary, Meta, Report, Sample};
-use server::{Kind, Server};
-use workload::{Group, LoadConfig, Selection, Workload};
+use baton_bench::report::{self, Binary, Meta, Report, Sample};
+use baton_bench::server::{self, Kind, Server};
+use baton_bench::workload::{self, Group, LoadConfig, Selection, Workload};
+use baton_bench::{kv, locks};
 
 #[derive(Parser)]
 #[command(
@@ -171,7 +167,7 @@ async fn side_by_side(args: SideBySideArgs) -> Result<()> {
             Kind::Etcd => Server::start_etcd(&etcd_bin, args.data_root.as_deref()).await?,
             Kind::Baton => Server::start_baton(&baton_bin, args.data_root.as_deref()).await?,
         };
-        workload::prepare(&server.endpoint, cfg.value_size)
+        kv::prepare(std::slice::from_ref(&server.endpoint), cfg.value_size)
             .await
             .with_context(|| format!("preparing {kind}"))?;
         // Probe each lock API once before measuring, so that a server without it (Baton

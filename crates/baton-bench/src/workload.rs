@@ -6,30 +6,17 @@
 //! client sends its next request when the previous one returns). The lock workloads live in
 //! [`crate::locks`].
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::builder::PossibleValue;
-use etcd_client::{Client, ConnectOptions, GetOptions, KvClient};
-use hdrhistogram::Histogram;
-use rand::rngs::StdRng;
-use rand::{Rng, RngCore, SeedableRng};
+use etcd_client::{Client, ConnectOptions};
 use serde::Serialize;
+
+use crate::kv::{self, KvLoad, KvOp};
 
 use crate::locks::{self, LockApi, LockShape};
 use crate::server::Kind;
-
-/// The key the range workloads read. It is written once per server before any range run, so
-/// every Range returns exactly one key-value pair on both servers.
-pub const RANGE_KEY: &[u8] = b"baton-bench/range-key";
-
-/// Per-request timeout. Generous, since a request never legitimately takes seconds here, but
-/// finite, so a wedged server cannot keep the benchmark from ending.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Largest latency the histograms track (60 s in µs); larger values are clamped.
-const MAX_LATENCY_US: u64 = 60_000_000;
 
 /// One benchmark workload. The lock workloads' contender counts are fixed rather than flags:
 /// they are the shapes issue 3 asks for (10 and 50 contenders on one lock, 50 lone contenders
@@ -246,31 +233,7 @@ pub struct LoadConfig {
     pub lock_ttl: Duration,
 }
 
-/// What one run of one workload against one server measured.
-#[derive(Clone, Debug, Serialize)]
-pub struct RunResult {
-    /// Successful requests completed inside the measurement window.
-    pub ops: u64,
-    /// Failed requests (any time, warm-up included).
-    pub errors: u64,
-    pub first_error: Option<String>,
-    pub ops_per_sec: f64,
-    pub p50_ms: f64,
-    pub p90_ms: f64,
-    pub p99_ms: f64,
-    pub max_ms: f64,
-    pub mean_ms: f64,
-}
-
-/// Writes [`RANGE_KEY`] so the range workloads have something to read.
-pub async fn prepare(endpoint: &str, value_size: usize) -> Result<()> {
-    let mut client = connect(endpoint).await?;
-    client
-        .put(RANGE_KEY, random_value(value_size, 0), None)
-        .await
-        .context("writing the range key")?;
-    Ok(())
-}
+pub use crate::engine::{RunResult, Tally, REQUEST_TIMEOUT};
 
 /// Runs `workload` against `endpoint`: a warm-up, then the workload's measured duration.
 ///
@@ -283,167 +246,30 @@ pub async fn run(endpoint: &str, workload: Workload, cfg: &LoadConfig) -> Result
         return locks::run(endpoint, shape, cfg).await;
     }
     let (clients, conns) = workload.shape(cfg);
-    // Separate `Client`s are separate HTTP/2 connections; clones of one `Client` share its
-    // connection, just as etcd's benchmark spreads --clients over --conns gRPC connections.
-    let mut connections = Vec::with_capacity(conns);
-    for _ in 0..conns {
-        connections.push(connect(endpoint).await?);
-    }
-    let value = Arc::new(random_value(cfg.value_size, 1));
-    let start = Instant::now();
-    let window_start = start + cfg.warmup;
-    let window_end = window_start + cfg.duration;
-
-    let mut tasks = Vec::with_capacity(clients);
-    for id in 0..clients {
-        let kv = connections[id % conns].kv_client();
-        let worker = Worker {
-            kv,
-            workload,
-            key_space: cfg.key_space,
-            value: Arc::clone(&value),
-            rng: StdRng::seed_from_u64(id as u64),
-            window_start,
-            window_end,
-        };
-        tasks.push(tokio::spawn(worker.run()));
-    }
-
-    let mut total = Tally::new();
-    for task in futures::future::join_all(tasks).await {
-        total.merge(task.context("a load task panicked")??)?;
-    }
-    total.summarize(cfg.duration)
-}
-
-/// What one load task saw: one histogram per task, merged at the end, so the hot path takes
-/// no locks.
-pub struct Tally {
-    pub hist: Histogram<u64>,
-    pub errors: u64,
-    pub first_error: Option<String>,
-}
-
-impl Tally {
-    pub fn new() -> Tally {
-        Tally {
-            hist: Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).expect("valid histogram bounds"),
-            errors: 0,
-            first_error: None,
-        }
-    }
-
-    /// Records one successful operation that took `latency`.
-    pub fn record(&mut self, latency: Duration) -> Result<()> {
-        let us = latency.as_micros().clamp(1, MAX_LATENCY_US as u128) as u64;
-        self.hist.record(us).context("recording a latency")
-    }
-
-    pub fn error(&mut self, e: &anyhow::Error) {
-        self.errors += 1;
-        self.first_error.get_or_insert_with(|| format!("{e:#}"));
-    }
-
-    pub fn merge(&mut self, other: Tally) -> Result<()> {
-        self.hist.add(&other.hist).context("merging histograms")?;
-        self.errors += other.errors;
-        if self.first_error.is_none() {
-            self.first_error = other.first_error;
-        }
-        Ok(())
-    }
-
-    /// Throughput over `duration` and latency percentiles. Fails if nothing succeeded: a run
-    /// of nothing but errors has no numbers worth a row.
-    pub fn summarize(self, duration: Duration) -> Result<RunResult> {
-        let Tally {
-            hist,
-            errors,
-            first_error,
-        } = self;
-        let ops = hist.len();
-        if ops == 0 {
-            bail!(
-                "no request succeeded in the measurement window ({errors} errors; first: {})",
-                first_error.as_deref().unwrap_or("none")
-            );
-        }
-        let ms = |us: u64| us as f64 / 1000.0;
-        Ok(RunResult {
-            ops,
-            errors,
-            first_error,
-            ops_per_sec: ops as f64 / duration.as_secs_f64(),
-            p50_ms: ms(hist.value_at_quantile(0.50)),
-            p90_ms: ms(hist.value_at_quantile(0.90)),
-            p99_ms: ms(hist.value_at_quantile(0.99)),
-            max_ms: ms(hist.max()),
-            mean_ms: hist.mean() / 1000.0,
-        })
-    }
-}
-
-/// One closed-loop client.
-struct Worker {
-    kv: KvClient,
-    workload: Workload,
-    key_space: u64,
-    value: Arc<Vec<u8>>,
-    rng: StdRng,
-    window_start: Instant,
-    window_end: Instant,
-}
-
-impl Worker {
-    async fn run(mut self) -> Result<Tally> {
-        let mut tally = Tally::new();
-        loop {
-            let sent = Instant::now();
-            if sent >= self.window_end {
-                break;
-            }
-            let outcome = self.request().await;
-            let done = Instant::now();
-            match outcome {
-                Ok(()) if done >= self.window_start && done <= self.window_end => {
-                    tally.record(done - sent)?;
-                }
-                Ok(()) => {}
-                Err(e) => {
-                    tally.error(&e);
-                    // A server that fails fast would otherwise be hammered in a tight loop.
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            }
-        }
-        Ok(tally)
-    }
-
-    async fn request(&mut self) -> Result<()> {
-        match self.workload {
-            Workload::Put1 | Workload::PutN => {
-                let key = bench_key(self.rng.gen_range(0..self.key_space));
-                self.kv
-                    .put(key.to_vec(), self.value.as_slice(), None)
-                    .await?;
-            }
-            Workload::RangeLinearizable | Workload::RangeSerializable => {
-                let options = (self.workload == Workload::RangeSerializable)
-                    .then(|| GetOptions::new().with_serializable());
-                let resp = self.kv.get(RANGE_KEY, options).await?;
-                // Cheap, and guarantees both servers do the same work (read one real pair).
-                if resp.kvs().len() != 1 {
-                    bail!("range returned {} pairs, expected 1", resp.kvs().len());
-                }
-            }
-            lock => unreachable!("{lock:?} runs in locks::run, not as a key-value worker"),
-        }
-        Ok(())
-    }
-}
-
-async fn connect(endpoint: &str) -> Result<Client> {
-    connect_with_timeout(endpoint, REQUEST_TIMEOUT).await
+    let op = match workload {
+        Workload::Put1 | Workload::PutN => KvOp::Put,
+        Workload::RangeLinearizable => KvOp::Range {
+            serializable: false,
+        },
+        Workload::RangeSerializable => KvOp::Range { serializable: true },
+        lock => unreachable!("{lock:?} runs in locks::run"),
+    };
+    let load = KvLoad {
+        op,
+        clients,
+        conns,
+        key_space: cfg.key_space,
+        value_size: cfg.value_size,
+        total: None,
+    };
+    kv::run(
+        &[endpoint.to_string()],
+        &load,
+        cfg.warmup,
+        cfg.duration,
+        false,
+    )
+    .await
 }
 
 /// A new connection (`Client`) whose requests time out after `timeout`.
@@ -454,29 +280,6 @@ pub async fn connect_with_timeout(endpoint: &str, timeout: Duration) -> Result<C
     Client::connect([endpoint], Some(options))
         .await
         .with_context(|| format!("connecting to {endpoint}"))
-}
-
-/// An 8-byte key holding a varint of `n`, zero-padded: exactly what etcd's
-/// `benchmark put --key-size 8` sends (`binary.PutVarint` into an 8-byte buffer).
-fn bench_key(n: u64) -> [u8; 8] {
-    let mut key = [0u8; 8];
-    // Go's PutVarint zig-zag encodes the signed value; `n` is non-negative here.
-    let mut v = n << 1;
-    let mut i = 0;
-    while v >= 0x80 && i < 7 {
-        key[i] = (v as u8) | 0x80;
-        v >>= 7;
-        i += 1;
-    }
-    key[i] = v as u8;
-    key
-}
-
-/// A random (so incompressible) value of `size` bytes, deterministic per `seed`.
-fn random_value(size: usize, seed: u64) -> Vec<u8> {
-    let mut value = vec![0u8; size];
-    StdRng::seed_from_u64(seed).fill_bytes(&mut value);
-    value
 }
 
 #[cfg(test)]
@@ -540,14 +343,5 @@ mod tests {
                 assert_eq!(shape.api, LockApi::V3Lock);
             }
         }
-    }
-
-    #[test]
-    fn keys_match_go_put_varint() {
-        // binary.PutVarint(buf, 0) = [0x00], 1 = [0x02], 64 = [0x80 0x01], 99999 = [0xbe 0x9a 0x0c].
-        assert_eq!(bench_key(0), [0, 0, 0, 0, 0, 0, 0, 0]);
-        assert_eq!(bench_key(1), [2, 0, 0, 0, 0, 0, 0, 0]);
-        assert_eq!(bench_key(64), [0x80, 0x01, 0, 0, 0, 0, 0, 0]);
-        assert_eq!(bench_key(99_999), [0xbe, 0x9a, 0x0c, 0, 0, 0, 0, 0]);
     }
 }

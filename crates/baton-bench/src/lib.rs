@@ -1,0 +1,16 @@
+//! `baton-bench`: the benchmark client behind `baton bench` (one workload against any
+//! etcd-API server) and the orchestrator `baton-bench side-by-side` (Baton and etcd 3.4 on
+//! this machine, alternately, same client, same workloads). See `bench/README.md`.
+
+pub mod bench;
+pub mod engine;
+pub mod failover;
+pub mod kv;
+pub mod lease;
+pub mod locks;
+pub mod report;
+pub mod server;
+pub mod session;
+pub mod v3lock;
+pub mod watch;
+pub mod workload;
