@@ -10,7 +10,7 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 
 use crate::engine::RunResult;
-use crate::kv::{self, KvLoad, KvOp};
+use crate::kv::{self, ClientImpl, KvLoad, KvOp};
 use crate::v3lock::{self, ElectionLoad, LockLoad};
 use crate::{failover, lease, watch};
 
@@ -117,6 +117,10 @@ pub struct BenchArgs {
     /// lock: each contender on a lock of its own (uncontended cycles) instead of one lock.
     #[arg(long)]
     pub distinct: bool,
+    /// put, txn-put, range: the gRPC client (h2: the lean hand-rolled one; tonic: the
+    /// generated one, for comparing client costs).
+    #[arg(long, value_enum, default_value = "h2", hide = true)]
+    pub client: ClientImpl,
     /// Output format.
     #[arg(short, long, value_enum, default_value = "table")]
     pub output: Output,
@@ -147,6 +151,7 @@ impl Spec {
                 key_space: a.key_space,
                 value_size: a.value_size,
                 total: a.total,
+                client: a.client,
             })
         };
         if a.total.is_some() && !matches!(a.workload, BenchWorkload::Put | BenchWorkload::TxnPut) {

@@ -11,13 +11,16 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use baton_proto::etcdserverpb::kv_client::KvClient;
 use baton_proto::etcdserverpb::request_op::Request;
-use baton_proto::etcdserverpb::{PutRequest, RangeRequest, RequestOp, TxnRequest};
+use baton_proto::etcdserverpb::{
+    PutRequest, PutResponse, RangeRequest, RangeResponse, RequestOp, TxnRequest, TxnResponse,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 use serde::Serialize;
 use tonic::transport::Channel;
 
 use crate::engine::{self, Counter, CpuWindow, Progress, RunResult, Tally, Window};
+use crate::grpc;
 
 /// The key the range workloads read. It is written once before any range run, so every
 /// Range returns exactly one key-value pair on both servers.
@@ -47,6 +50,20 @@ pub struct KvLoad {
     /// Instead of running for a duration, write keys `0..total` exactly once each (the
     /// clients share a counter) and stop: what the RSS measurement needs.
     pub total: Option<u64>,
+    /// Which gRPC client carries the requests.
+    pub client: ClientImpl,
+}
+
+/// The gRPC client of the key-value workloads. Both speak plain gRPC over HTTP/2 and behave
+/// the same for the server; they differ in what they cost the client (see bench/README.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClientImpl {
+    /// The hand-rolled unary client on the `h2` crate ([`crate::grpc`]): the cheapest.
+    #[default]
+    H2,
+    /// The generated tonic client (`KvClient<Channel>`).
+    Tonic,
 }
 
 /// Writes [`RANGE_KEY`] so the range workloads have something to read.
@@ -75,7 +92,21 @@ pub async fn run(
     if matches!(load.op, KvOp::Range { .. }) {
         prepare(endpoints, load.value_size).await?;
     }
-    let channels = engine::channels(endpoints, load.conns.min(load.clients)).await?;
+    let n = load.conns.min(load.clients).max(1);
+    let conns: Vec<Conn> = match load.client {
+        ClientImpl::Tonic => engine::channels(endpoints, n)
+            .await?
+            .into_iter()
+            .map(|ch| Conn::Tonic(KvClient::new(ch)))
+            .collect(),
+        ClientImpl::H2 => futures::future::try_join_all(
+            (0..n).map(|i| grpc::H2Conn::connect(&endpoints[i % endpoints.len()])),
+        )
+        .await?
+        .into_iter()
+        .map(Conn::H2)
+        .collect(),
+    };
     let value = Arc::new(random_value(load.value_size, 1));
     let (warmup, duration) = match load.total {
         // Filling: everything counts, and the run ends when the keys run out (the window is
@@ -102,7 +133,7 @@ pub async fn run(
     let tasks: Vec<_> = (0..load.clients)
         .map(|id| {
             let worker = Worker {
-                kv: KvClient::new(channels[id % channels.len()].clone()),
+                conn: conns[id % conns.len()].clone(),
                 op: load.op,
                 key_space: load.key_space,
                 total: load.total,
@@ -115,9 +146,22 @@ pub async fn run(
             tokio::spawn(worker.run())
         })
         .collect();
+    // No per-request timer on the hot path: a request still unanswered REQUEST_TIMEOUT after
+    // the window (a wedged server) ends its client instead, counted as an error.
+    let give_up = tokio::time::Instant::from_std(window.close + engine::REQUEST_TIMEOUT);
     let mut total = Tally::new();
-    for task in futures::future::join_all(tasks).await {
-        total.merge(task.context("a load task panicked")??)?;
+    for task in tasks {
+        let abort = task.abort_handle();
+        match tokio::time::timeout_at(give_up, task).await {
+            Ok(joined) => total.merge(joined.context("a load task panicked")??)?,
+            Err(_) => {
+                abort.abort();
+                total.error(&anyhow::anyhow!(
+                    "a request was still unanswered {:?} after the window",
+                    engine::REQUEST_TIMEOUT
+                ));
+            }
+        }
     }
     progress.finish().await;
     let mut result = match load.total {
@@ -163,9 +207,16 @@ pub fn label(load: &KvLoad) -> String {
     }
 }
 
+/// A connection as one client uses it.
+#[derive(Clone)]
+enum Conn {
+    H2(grpc::H2Conn),
+    Tonic(KvClient<Channel>),
+}
+
 /// One closed-loop client.
 struct Worker {
-    kv: KvClient<Channel>,
+    conn: Conn,
     op: KvOp,
     key_space: u64,
     total: Option<u64>,
@@ -218,42 +269,45 @@ impl Worker {
     }
 
     async fn request(&mut self, key: u64) -> Result<()> {
-        match self.op {
-            KvOp::Put => {
-                self.kv
-                    .put(PutRequest {
-                        key: bench_key(key).to_vec(),
-                        value: self.value.to_vec(),
-                        ..Default::default()
-                    })
-                    .await?;
+        let put = || PutRequest {
+            key: bench_key(key).to_vec(),
+            value: self.value.to_vec(),
+            ..Default::default()
+        };
+        match (self.op, &mut self.conn) {
+            (KvOp::Put, Conn::H2(c)) => {
+                c.unary::<_, PutResponse>(grpc::KV_PUT, &put()).await?;
             }
-            KvOp::TxnPut => {
-                let put = PutRequest {
-                    key: bench_key(key).to_vec(),
-                    value: self.value.to_vec(),
+            (KvOp::Put, Conn::Tonic(kv)) => {
+                kv.put(put()).await?;
+            }
+            (KvOp::TxnPut, conn) => {
+                let txn = TxnRequest {
+                    compare: Vec::new(),
+                    success: vec![RequestOp {
+                        request: Some(Request::RequestPut(put())),
+                    }],
+                    failure: Vec::new(),
+                };
+                match conn {
+                    Conn::H2(c) => {
+                        c.unary::<_, TxnResponse>(grpc::KV_TXN, &txn).await?;
+                    }
+                    Conn::Tonic(kv) => {
+                        kv.txn(txn).await?;
+                    }
+                }
+            }
+            (KvOp::Range { serializable }, conn) => {
+                let range = RangeRequest {
+                    key: RANGE_KEY.to_vec(),
+                    serializable,
                     ..Default::default()
                 };
-                self.kv
-                    .txn(TxnRequest {
-                        compare: Vec::new(),
-                        success: vec![RequestOp {
-                            request: Some(Request::RequestPut(put)),
-                        }],
-                        failure: Vec::new(),
-                    })
-                    .await?;
-            }
-            KvOp::Range { serializable } => {
-                let resp = self
-                    .kv
-                    .range(RangeRequest {
-                        key: RANGE_KEY.to_vec(),
-                        serializable,
-                        ..Default::default()
-                    })
-                    .await?
-                    .into_inner();
+                let resp: RangeResponse = match conn {
+                    Conn::H2(c) => c.unary(grpc::KV_RANGE, &range).await?,
+                    Conn::Tonic(kv) => kv.range(range).await?.into_inner(),
+                };
                 // Cheap, and guarantees both servers do the same work (read one real pair).
                 if resp.kvs.len() != 1 {
                     bail!("range returned {} pairs, expected 1", resp.kvs.len());
@@ -315,6 +369,7 @@ mod tests {
             key_space: 1,
             value_size: 1,
             total: None,
+            client: ClientImpl::H2,
         };
         assert_eq!(label(&load(KvOp::Put, 1, 1)), "put, 1 client");
         assert_eq!(

@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod engine;
 pub mod failover;
+pub mod grpc;
 pub mod kv;
 pub mod lease;
 pub mod locks;

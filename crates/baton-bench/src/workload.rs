@@ -261,6 +261,7 @@ pub async fn run(endpoint: &str, workload: Workload, cfg: &LoadConfig) -> Result
         key_space: cfg.key_space,
         value_size: cfg.value_size,
         total: None,
+        client: kv::ClientImpl::H2,
     };
     kv::run(
         &[endpoint.to_string()],
