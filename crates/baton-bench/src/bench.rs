@@ -151,6 +151,7 @@ impl Spec {
                 key_space: a.key_space,
                 value_size: a.value_size,
                 total: a.total,
+                key_offset: 0,
                 client: a.client,
             })
         };
@@ -214,17 +215,21 @@ impl Spec {
     }
 }
 
-/// Runs `spec` against `endpoints`.
+/// Runs `spec` against `endpoints`. `server_pids` (the leader first), if given, are the
+/// server processes whose CPU use lease-keepalive reports.
 pub async fn run_spec(
     spec: &Spec,
     endpoints: &[String],
     warmup: Duration,
     duration: Duration,
     progress: bool,
+    server_pids: &[u32],
 ) -> Result<RunResult> {
     match spec {
         Spec::Kv(load) => kv::run(endpoints, load, warmup, duration, progress).await,
-        Spec::LeaseKeepalive(load) => lease::run(endpoints, load, warmup, duration, progress).await,
+        Spec::LeaseKeepalive(load) => {
+            lease::run(endpoints, load, warmup, duration, progress, server_pids).await
+        }
         Spec::WatchLatency { value_size } => {
             watch::run(endpoints, *value_size, warmup, duration, progress).await
         }
@@ -244,7 +249,15 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     if duration.is_zero() {
         bail!("--duration must be above 0");
     }
-    let result = run_spec(&spec, &args.endpoints, warmup, duration, !args.no_progress).await?;
+    let result = run_spec(
+        &spec,
+        &args.endpoints,
+        warmup,
+        duration,
+        !args.no_progress,
+        &[],
+    )
+    .await?;
     match args.output {
         Output::Table => print!("{}", render_table(&spec, &args.endpoints, &result)),
         Output::Json => {

@@ -50,8 +50,16 @@ pub struct KvLoad {
     /// Instead of running for a duration, write keys `0..total` exactly once each (the
     /// clients share a counter) and stop: what the RSS measurement needs.
     pub total: Option<u64>,
+    /// With `total`: the first key index (so keys `key_offset..key_offset + total` are
+    /// written), letting a second fill add new distinct keys to an earlier one.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub key_offset: u64,
     /// Which gRPC client carries the requests.
     pub client: ClientImpl,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The gRPC client of the key-value workloads. Both speak plain gRPC over HTTP/2 and behave
@@ -137,6 +145,7 @@ pub async fn run(
                 op: load.op,
                 key_space: load.key_space,
                 total: load.total,
+                key_offset: load.key_offset,
                 next_key: Arc::clone(&next_key),
                 value: Arc::clone(&value),
                 rng: StdRng::seed_from_u64(id as u64 + 1),
@@ -220,6 +229,7 @@ struct Worker {
     op: KvOp,
     key_space: u64,
     total: Option<u64>,
+    key_offset: u64,
     next_key: Arc<AtomicU64>,
     value: Arc<Vec<u8>>,
     rng: StdRng,
@@ -241,7 +251,7 @@ impl Worker {
                     if i >= total {
                         break;
                     }
-                    i
+                    self.key_offset + i
                 }
                 None => self.rng.gen_range(0..self.key_space),
             };
@@ -369,6 +379,7 @@ mod tests {
             key_space: 1,
             value_size: 1,
             total: None,
+            key_offset: 0,
             client: ClientImpl::H2,
         };
         assert_eq!(label(&load(KvOp::Put, 1, 1)), "put, 1 client");

@@ -32,6 +32,7 @@ pub async fn run(
     warmup: Duration,
     duration: Duration,
     progress: bool,
+    server_pids: &[u32],
 ) -> Result<RunResult> {
     let streams = load.streams.clamp(1, load.leases.max(1));
     let channels = engine::channels(endpoints, streams).await?;
@@ -60,6 +61,10 @@ pub async fn run(
         progress,
     );
     let cpu = CpuWindow::start(window, None);
+    let server_cpu: Vec<CpuWindow> = server_pids
+        .iter()
+        .map(|&pid| CpuWindow::start(window, Some(pid)))
+        .collect();
     let period = Duration::from_secs(load.ttl_secs) / 3;
     let tasks: Vec<_> = (0..streams)
         .map(|s| {
@@ -74,6 +79,10 @@ pub async fn run(
     }
     progress.finish().await;
     let cpu = cpu.finish().await;
+    let mut server_secs = Vec::new();
+    for c in server_cpu {
+        server_secs.push(c.finish().await);
+    }
     // Clean up: revoke every lease (not measured).
     let revoke_errors = futures::stream::iter(ids.iter().copied().enumerate())
         .map(|(i, id)| {
@@ -94,6 +103,15 @@ pub async fn run(
     result
         .extra
         .push(("revoke_errors".into(), revoke_errors as f64));
+    // Server CPU over the window as a percentage of one core: the leader's, and all members'.
+    let pct = |secs: f64| secs / window.duration().as_secs_f64() * 100.0;
+    if let Some(Some(leader)) = server_secs.first() {
+        result.extra.push(("server_cpu_pct".into(), pct(*leader)));
+    }
+    if server_secs.len() > 1 && server_secs.iter().all(Option::is_some) {
+        let all: f64 = server_secs.iter().flatten().sum();
+        result.extra.push(("all_members_cpu_pct".into(), pct(all)));
+    }
     Ok(result)
 }
 
