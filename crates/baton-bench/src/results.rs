@@ -184,7 +184,7 @@ pub struct Report {
 
 /// A value in a table cell: integers for big numbers, more digits for small ones.
 pub fn fmt_value(v: f64, unit: &str) -> String {
-    if unit == "ms" {
+    if unit == "ms" && v < 100.0 {
         return fmt_ms(v);
     }
     if v >= 100.0 {
