@@ -30,19 +30,20 @@ pub const KV_TXN: Path = "/etcdserverpb.KV/Txn";
 #[derive(Clone)]
 pub struct H2Conn {
     send: h2::client::SendRequest<Bytes>,
-    authority: String,
+    authority: http::uri::Authority,
 }
 
 impl H2Conn {
     /// Connects to `endpoint` (`host:port` or `http://host:port`).
     pub async fn connect(endpoint: &str) -> Result<H2Conn> {
-        let authority = endpoint
+        let authority: http::uri::Authority = endpoint
             .trim_start_matches("http://")
             .trim_end_matches('/')
-            .to_string();
+            .parse()
+            .with_context(|| format!("endpoint {endpoint}"))?;
         let tcp = tokio::time::timeout(
             Duration::from_secs(5),
-            tokio::net::TcpStream::connect(&authority),
+            tokio::net::TcpStream::connect(authority.as_str()),
         )
         .await
         .map_err(|_| anyhow!("connecting to {endpoint}: timed out"))?
@@ -61,15 +62,22 @@ impl H2Conn {
         Ok(H2Conn { send, authority })
     }
 
-    /// One unary call: `req` to `path`, the decoded response back.
-    pub async fn unary<Req: Message, Resp: Message + Default>(
+    /// One unary call: `req` to `path`, the decoded response back. The request is encoded
+    /// at once, so the future borrows nothing.
+    pub fn unary<Req: Message, Resp: Message + Default>(
         &self,
         path: Path,
         req: &Req,
-    ) -> Result<Resp> {
+    ) -> impl std::future::Future<Output = Result<Resp>> + Send + 'static {
+        let body = frame(req);
+        let this = self.clone();
+        async move { this.call(path, body).await.and_then(unframe) }
+    }
+
+    async fn call(self, path: Path, body: Bytes) -> Result<Bytes> {
         let uri = Uri::builder()
             .scheme("http")
-            .authority(self.authority.as_str())
+            .authority(self.authority)
             .path_and_query(path)
             .build()
             .context("request URI")?;
@@ -80,13 +88,7 @@ impl H2Conn {
             .header("te", "trailers")
             .body(())
             .context("request")?;
-        let body = frame(req);
-        let mut send = self
-            .send
-            .clone()
-            .ready()
-            .await
-            .context("HTTP/2 connection")?;
+        let mut send = self.send.ready().await.context("HTTP/2 connection")?;
         let (response, mut stream) = send
             .send_request(request, false)
             .context("sending the request")?;
@@ -111,7 +113,7 @@ impl H2Conn {
             None if parts.headers.contains_key("grpc-status") => {}
             None => bail!("response without grpc-status"),
         }
-        unframe(data.freeze())
+        Ok(data.freeze())
     }
 }
 

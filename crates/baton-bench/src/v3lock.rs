@@ -13,20 +13,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use baton_proto::v3electionpb::election_client::ElectionClient;
-use baton_proto::v3electionpb::{CampaignRequest, LeaderKey, ResignRequest};
-use baton_proto::v3lockpb::lock_client::LockClient;
-use baton_proto::v3lockpb::{LockRequest, UnlockRequest};
-use serde::Serialize;
-use tonic::transport::Channel;
-
-use crate::engine::{
-    self, Counter, CpuWindow, Progress, RunResult, Tally, Window, REQUEST_TIMEOUT,
+use baton_proto::v3electionpb::{
+    CampaignRequest, CampaignResponse, LeaderKey, ResignRequest, ResignResponse,
 };
+use baton_proto::v3lockpb::{LockRequest, LockResponse, UnlockRequest, UnlockResponse};
+use serde::Serialize;
+
+use crate::engine::{Counter, CpuWindow, Progress, RunResult, Tally, Window, REQUEST_TIMEOUT};
+use crate::grpc::H2Conn;
 use crate::session::Session;
 
-/// A waiter legitimately blocks while the queue ahead drains: far longer than a request.
-const WAIT_TIMEOUT: Duration = Duration::from_secs(120);
+const LOCK: &str = "/v3lockpb.Lock/Lock";
+const UNLOCK: &str = "/v3lockpb.Lock/Unlock";
+const CAMPAIGN: &str = "/v3electionpb.Election/Campaign";
+const RESIGN: &str = "/v3electionpb.Election/Resign";
 
 static RUN_ID: AtomicU64 = AtomicU64::new(0);
 
@@ -143,7 +143,7 @@ async fn run(
     let opened = futures::future::try_join_all((0..contenders).map(|i| {
         let endpoint = endpoints[i % endpoints.len()].clone();
         async move {
-            let ch = engine::channel(&endpoint, WAIT_TIMEOUT).await?;
+            let ch = H2Conn::connect(&endpoint).await?;
             let session = Session::open(ch.clone(), ttl_secs).await?;
             Ok::<_, anyhow::Error>((ch, session))
         }
@@ -186,15 +186,13 @@ enum Granted {
 
 async fn contender(
     api: Api,
-    ch: Channel,
+    ch: H2Conn,
     session: Session,
     mutex: Arc<Mutex>,
     window: Window,
     counter: Counter,
 ) -> Result<Tally> {
     let mut tally = Tally::new();
-    let mut locks = LockClient::new(ch.clone());
-    let mut elections = ElectionClient::new(ch);
     let deadline = tokio::time::Instant::from_std(window.close);
     loop {
         let sent = Instant::now();
@@ -204,28 +202,30 @@ async fn contender(
         let acquire = async {
             Ok::<_, anyhow::Error>(match api {
                 Api::Lock => Granted::Lock(
-                    locks
-                        .lock(LockRequest {
+                    ch.unary::<_, LockResponse>(
+                        LOCK,
+                        &LockRequest {
                             name: mutex.name.clone(),
                             lease: session.lease,
-                        })
-                        .await
-                        .context("v3lock Lock")?
-                        .into_inner()
-                        .key,
+                        },
+                    )
+                    .await
+                    .context("v3lock Lock")?
+                    .key,
                 ),
                 Api::Election => Granted::Leader(
-                    elections
-                        .campaign(CampaignRequest {
+                    ch.unary::<_, CampaignResponse>(
+                        CAMPAIGN,
+                        &CampaignRequest {
                             name: mutex.name.clone(),
                             lease: session.lease,
                             value: b"bench".to_vec(),
-                        })
-                        .await
-                        .context("v3election Campaign")?
-                        .into_inner()
-                        .leader
-                        .ok_or_else(|| anyhow!("Campaign answered without a leader key"))?,
+                        },
+                    )
+                    .await
+                    .context("v3election Campaign")?
+                    .leader
+                    .ok_or_else(|| anyhow!("Campaign answered without a leader key"))?,
                 ),
             })
         };
@@ -253,18 +253,19 @@ async fn contender(
         let release = async {
             match granted {
                 Granted::Lock(key) => {
-                    locks
-                        .unlock(UnlockRequest { key })
+                    ch.unary::<_, UnlockResponse>(UNLOCK, &UnlockRequest { key })
                         .await
                         .context("v3lock Unlock")?;
                 }
                 Granted::Leader(leader) => {
-                    elections
-                        .resign(ResignRequest {
+                    ch.unary::<_, ResignResponse>(
+                        RESIGN,
+                        &ResignRequest {
                             leader: Some(leader),
-                        })
-                        .await
-                        .context("v3election Resign")?;
+                        },
+                    )
+                    .await
+                    .context("v3election Resign")?;
                 }
             }
             Ok::<_, anyhow::Error>(())
