@@ -110,28 +110,39 @@ impl Disk {
     }
 }
 
-/// Median and p99 (µs) of 200 × (4 KiB pwrite + fdatasync) in a scratch file under `dir`.
+/// Median and p99 (µs) of 200 × (4 KiB write + fdatasync) at the start of a scratch file
+/// in `dir` (an overwrite: no allocation, only the data and the device cache flush).
 fn fdatasync_probe(dir: &Path) -> Option<(f64, f64)> {
-    use std::io::{Seek, SeekFrom, Write};
-    let mut file = tempfile::tempfile_in(dir).ok()?;
-    let block = [0x5au8; 4096];
-    let mut times = Vec::with_capacity(200);
-    for i in 0..220 {
-        file.seek(SeekFrom::Start((i % 16) * 4096)).ok()?;
-        let t = Instant::now();
-        file.write_all(&block).ok()?;
-        file.sync_data().ok()?;
-        if i >= 20 {
-            // the first ones allocate blocks
-            times.push(t.elapsed());
+    use std::os::unix::fs::FileExt;
+    let path = dir.join(format!(".fdatasync-probe-{}", std::process::id()));
+    let file = std::fs::File::options()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .ok();
+    let result = file.and_then(|file| {
+        let block = [0x5au8; 4096];
+        let mut times = Vec::with_capacity(200);
+        for i in 0..220 {
+            let t = Instant::now();
+            file.write_all_at(&block, 0).ok()?;
+            file.sync_data().ok()?;
+            if i >= 20 {
+                // the first ones allocate the block
+                times.push(t.elapsed());
+            }
         }
-    }
-    times.sort();
-    let us = |d: Duration| d.as_secs_f64() * 1e6;
-    Some((
-        us(times[times.len() / 2]),
-        us(times[times.len() * 99 / 100]),
-    ))
+        times.sort();
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        Some((
+            us(times[times.len() / 2]),
+            us(times[times.len() * 99 / 100]),
+        ))
+    });
+    let _ = std::fs::remove_file(&path);
+    result
 }
 
 /// The median; with an even count, the mean of the middle two. Rounds are few (often two),

@@ -430,7 +430,20 @@ pub async fn side_by_side(args: SideBySideArgs) -> Result<()> {
                                 format!("{} against {kind} ({topology})", spec.label())
                             });
                         d.check_alive()?;
-                        let run = run?;
+                        // A run that fails (no request succeeded: a stalled server, or a
+                        // stalled disk on a shared machine) costs a note, not the benchmark.
+                        let run = match run {
+                            Ok(run) => run,
+                            Err(e) => {
+                                eprintln!("failed: {e:#}");
+                                notes.push(format!(
+                                    "{topology}, {}, {kind}, round {}: **the run failed**: {e:#}",
+                                    spec.label(),
+                                    round + 1
+                                ));
+                                continue;
+                            }
+                        };
                         let (value, p50, p99) = match item {
                             Item::LeaseKeepalive => (
                                 run.extra("server_cpu_pct").unwrap_or(f64::NAN),
