@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use hdrhistogram::Histogram;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tonic::transport::{Channel, Endpoint};
 
 /// Per-request timeout. Generous, since a request never legitimately takes seconds here, but
@@ -164,7 +164,7 @@ impl Tally {
 }
 
 /// What one run of one workload against one server measured.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct RunResult {
     /// Successful operations completed inside the measurement window.
     pub ops: u64,

@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 
-use baton_bench::side::{side_by_side, SideBySideArgs};
+use baton_bench::side::{render, side_by_side, SideBySideArgs};
 
 #[derive(Parser)]
 #[command(
@@ -32,7 +32,15 @@ struct Cli {
 enum Command {
     /// Start etcd and Baton (single node and/or 3 members), run every workload against each
     /// alternately, write bench/RESULTS.md and bench/results.svg.
-    SideBySide(SideBySideArgs),
+    SideBySide(Box<SideBySideArgs>),
+    /// Write bench/RESULTS.md and bench/results.svg again from a side-by-side --json file.
+    Render {
+        /// The JSON file a side-by-side run wrote.
+        json: std::path::PathBuf,
+        /// The markdown report [default: bench/RESULTS.md]; `-` for stdout only.
+        #[arg(long)]
+        results: Option<std::path::PathBuf>,
+    },
 }
 
 /// Resolves on SIGINT or SIGTERM. Returning from `main` then drops the benchmark future and
@@ -71,9 +79,10 @@ fn run(cli: Cli) -> Result<()> {
         .build()
         .context("starting the async runtime")?;
     match cli.command {
+        Command::Render { json, results } => render(&json, results),
         Command::SideBySide(args) => runtime.block_on(async {
             tokio::select! {
-                result = side_by_side(args) => result,
+                result = side_by_side(*args) => result,
                 signal = interrupted() => {
                     signal?;
                     bail!("interrupted; servers stopped")

@@ -5,10 +5,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// A server binary and what its `--version` says.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Binary {
     pub path: PathBuf,
     pub version: Option<String>,
@@ -56,7 +56,7 @@ pub fn git_state(workspace_root: &Path) -> (Option<String>, Option<bool>) {
 }
 
 /// Where the data directories live and what fsync costs there.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Disk {
     pub data_root: PathBuf,
     /// The device and filesystem type (`df`), e.g. `/dev/vda ext4`.

@@ -4,14 +4,14 @@
 
 use std::fmt::Write as _;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::bench::fmt_ms;
 use crate::report::{median, Binary, Disk};
 use crate::server::{Kind, Topology};
 
 /// What a row must reach.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", tag = "kind", content = "value")]
 pub enum Target {
     /// Baton/etcd ≥ x (throughput).
@@ -64,7 +64,7 @@ fn trim(x: f64) -> String {
 }
 
 /// One measurement of one row on one server in one round.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Sample {
     pub topology: Topology,
     /// The row's id, e.g. `put-100`.
@@ -81,7 +81,7 @@ pub struct Sample {
 }
 
 /// What a row is: how to label it and read it.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RowSpec {
     pub id: String,
     pub label: String,
@@ -92,7 +92,7 @@ pub struct RowSpec {
 }
 
 /// One line of a table: medians over rounds.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Row {
     pub topology: Topology,
     #[serde(flatten)]
@@ -156,7 +156,7 @@ impl Row {
 }
 
 /// Where and with what the benchmark ran.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Meta {
     pub date_utc: String,
     /// `git rev-parse --short HEAD`, with `-dirty` if tracked files differ from it.
@@ -173,7 +173,7 @@ pub struct Meta {
     pub command: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Report {
     pub meta: Meta,
     pub rows: Vec<Row>,
@@ -324,7 +324,14 @@ impl Report {
             .collect();
         let bar_h = 18.0;
         let gap = 6.0;
-        let label_w = 330.0;
+        // Room for the longest label at ~6.6 px per character of 12 px sans-serif.
+        let label_w = rows
+            .iter()
+            .map(|r| r.spec.label.chars().count() + 12)
+            .max()
+            .unwrap_or(20) as f64
+            * 6.6
+            + 10.0;
         let plot_w = 420.0;
         let top = 40.0;
         let height = top + rows.len() as f64 * (bar_h + gap) + 40.0;

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use baton_proto::etcdserverpb::maintenance_client::MaintenanceClient;
 use baton_proto::etcdserverpb::StatusRequest;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::engine;
 
@@ -27,7 +27,9 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// Which implementation a server is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
     Etcd,
@@ -44,7 +46,9 @@ impl fmt::Display for Kind {
 }
 
 /// One member or three.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Topology {
     /// One member.

@@ -582,8 +582,9 @@ pub async fn side_by_side(args: SideBySideArgs) -> Result<()> {
         format!(
             "runs: {:.0} s warm-up + {:.0} s measured (lease keep-alive ≥7 s), {} round(s) per \
              server alternating etcd/baton (order flipped every round); client: `baton bench` \
-             engine in-process (key-value: hand-rolled gRPC over h2; others: tonic), {} clients \
-             / {} connections for the multi-client key-value rows; in 3-member runs the \
+             engine in-process (key-value, lock and election calls: hand-rolled gRPC over h2; \
+             lease keep-alive streams, watch and failover writer: tonic), {} clients / {} \
+             connections for the multi-client key-value rows; in 3-member runs the \
              connections are spread over all members",
             plan.warmup.as_secs_f64(),
             plan.duration.as_secs_f64(),
@@ -652,27 +653,43 @@ pub async fn side_by_side(args: SideBySideArgs) -> Result<()> {
         .results
         .clone()
         .unwrap_or_else(|| root.join("bench").join("RESULTS.md"));
-    if results.as_os_str() == "-" {
-        print!("{}", report.markdown(None));
-    } else {
-        let svg_path = results.with_file_name("results.svg");
-        std::fs::write(&svg_path, report.svg())
-            .with_context(|| format!("writing {}", svg_path.display()))?;
-        let md = report.markdown(Some("results.svg"));
-        std::fs::write(&results, &md).with_context(|| format!("writing {}", results.display()))?;
-        print!("{md}");
-        eprintln!(
-            "report written to {} and {}",
-            results.display(),
-            svg_path.display()
-        );
-    }
+    write_report(&report, &results)?;
     if let Some(path) = &args.json {
         let json = serde_json::to_string_pretty(&report).context("encoding the JSON report")?;
         std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
         eprintln!("raw runs written to {}", path.display());
     }
     Ok(())
+}
+
+/// Writes the markdown report and the SVG next to it (or the markdown to stdout for `-`).
+fn write_report(report: &Report, results: &Path) -> Result<()> {
+    if results.as_os_str() == "-" {
+        print!("{}", report.markdown(None));
+        return Ok(());
+    }
+    let svg_path = results.with_file_name("results.svg");
+    std::fs::write(&svg_path, report.svg())
+        .with_context(|| format!("writing {}", svg_path.display()))?;
+    let md = report.markdown(Some("results.svg"));
+    std::fs::write(results, &md).with_context(|| format!("writing {}", results.display()))?;
+    print!("{md}");
+    eprintln!(
+        "report written to {} and {}",
+        results.display(),
+        svg_path.display()
+    );
+    Ok(())
+}
+
+/// `baton-bench render`: the markdown report and the SVG again from a `--json` file, e.g.
+/// after a change to how they are drawn, without running anything.
+pub fn render(json: &Path, results: Option<PathBuf>) -> Result<()> {
+    let text =
+        std::fs::read_to_string(json).with_context(|| format!("reading {}", json.display()))?;
+    let report: Report = serde_json::from_str(&text).context("decoding the JSON report")?;
+    let results = results.unwrap_or_else(|| workspace_root().join("bench").join("RESULTS.md"));
+    write_report(&report, &results)
 }
 
 fn bin<'a>(kind: Kind, etcd: &'a Path, baton: &'a Path) -> &'a Path {
