@@ -37,6 +37,7 @@ pub async fn run(
     let streams = load.streams.clamp(1, load.leases.max(1));
     let channels = engine::channels(endpoints, streams).await?;
     // Grant every lease first (setup, not measured), 100 at a time.
+    let setup = Instant::now();
     let ids: Vec<i64> = futures::stream::iter(0..load.leases)
         .map(|i| {
             let mut c = LeaseClient::new(channels[i % channels.len()].clone());
@@ -51,6 +52,7 @@ pub async fn run(
         .buffer_unordered(100)
         .try_collect()
         .await?;
+    let grant_secs = setup.elapsed().as_secs_f64();
     let window = Window::new(warmup, duration);
     let counter = Counter::default();
     let progress = Progress::start(
@@ -84,6 +86,7 @@ pub async fn run(
         server_secs.push(c.finish().await);
     }
     // Clean up: revoke every lease (not measured).
+    let teardown = Instant::now();
     let revoke_errors = futures::stream::iter(ids.iter().copied().enumerate())
         .map(|(i, id)| {
             let mut c = LeaseClient::new(channels[i % channels.len()].clone());
@@ -93,6 +96,7 @@ pub async fn run(
         .filter(|failed| futures::future::ready(*failed))
         .count()
         .await;
+    let revoke_secs = teardown.elapsed().as_secs_f64();
     let mut result = total.summarize(window.duration())?;
     result.client_cpu_us_per_op = cpu.map(|c| c * 1e6 / result.ops as f64);
     result.extra.push(("leases".into(), load.leases as f64));
@@ -103,6 +107,9 @@ pub async fn run(
     result
         .extra
         .push(("revoke_errors".into(), revoke_errors as f64));
+    // Setup and cleanup are not measured, but a slow one is worth seeing.
+    result.extra.push(("grant_secs".into(), grant_secs));
+    result.extra.push(("revoke_secs".into(), revoke_secs));
     // Server CPU over the window as a percentage of one core: the leader's, and all members'.
     let pct = |secs: f64| secs / window.duration().as_secs_f64() * 100.0;
     if let Some(Some(leader)) = server_secs.first() {

@@ -469,8 +469,14 @@ pub async fn side_by_side(args: SideBySideArgs) -> Result<()> {
                         } else {
                             String::new()
                         };
+                        let setup = match (run.extra("grant_secs"), run.extra("revoke_secs")) {
+                            (Some(g), Some(r)) => {
+                                format!(", leases granted in {g:.1} s, revoked in {r:.1} s")
+                            }
+                            _ => String::new(),
+                        };
                         eprintln!(
-                            "{} {}, p50 {:.3} ms, p99 {:.3} ms, client {:.1} µs/op{errors}",
+                            "{} {}, p50 {:.3} ms, p99 {:.3} ms, client {:.1} µs/op{setup}{errors}",
                             crate::results::fmt_value(value, &item.row(topology, &args).unit),
                             item.row(topology, &args).unit,
                             run.p50_ms,
