@@ -469,6 +469,20 @@ pub async fn side_by_side(args: SideBySideArgs) -> Result<()> {
                         } else {
                             String::new()
                         };
+                        // The CPU figure means something only if the load was delivered.
+                        if let Some(expected) = run.extra("expected_keep_alives_per_sec") {
+                            if run.ops_per_sec < 0.9 * expected {
+                                notes.push(format!(
+                                    "{topology}, {}, {kind}, round {}: **only {:.0} of the \
+                                     expected {expected:.0} keep-alives/s were answered**, so \
+                                     its CPU figure is not that of the full load (a stalled \
+                                     server or disk?)",
+                                    spec.label(),
+                                    round + 1,
+                                    run.ops_per_sec
+                                ));
+                            }
+                        }
                         let setup = match (run.extra("grant_secs"), run.extra("revoke_secs")) {
                             (Some(g), Some(r)) => {
                                 format!(", leases granted in {g:.1} s, revoked in {r:.1} s")
