@@ -74,6 +74,9 @@ pub enum ClientImpl {
     Tonic,
 }
 
+/// Attempts per key when filling (`total`).
+const FILL_TRIES: u32 = 5;
+
 /// Writes [`RANGE_KEY`] so the range workloads have something to read.
 pub async fn prepare(endpoints: &[String], value_size: usize) -> Result<()> {
     let ch = engine::channels(endpoints, 1).await?;
@@ -255,7 +258,22 @@ impl Worker {
                 }
                 None => self.rng.gen_range(0..self.key_space),
             };
-            let outcome = self.request(key).await;
+            let mut outcome = self.request(key).await;
+            if self.total.is_some() {
+                // Filling: every key must be written, so a failed one is retried (a server
+                // that times out a request under a stalled disk has usually applied it or
+                // will; a retry at worst adds a second revision of the same key).
+                let mut tries = 1;
+                while let Err(e) = &outcome {
+                    if tries == FILL_TRIES {
+                        break;
+                    }
+                    tally.error(e);
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    outcome = self.request(key).await;
+                    tries += 1;
+                }
+            }
             let done = Instant::now();
             match outcome {
                 Ok(()) => {
@@ -267,8 +285,7 @@ impl Worker {
                 Err(e) => {
                     tally.error(&e);
                     if self.total.is_some() {
-                        // Every key must be written exactly once: a failed one is retried.
-                        return Err(e.context(format!("writing key {key}")));
+                        return Err(e.context(format!("writing key {key} ({FILL_TRIES} tries)")));
                     }
                     // A server that fails fast would otherwise be hammered in a tight loop.
                     tokio::time::sleep(Duration::from_millis(10)).await;
