@@ -1,38 +1,14 @@
-//! Turning runs into the printed table and the JSON file, plus the facts about the machine
-//! and the binaries that a number is meaningless without.
+//! Facts about the machine and the binaries that a number is meaningless without, and the
+//! small statistics the report needs. The report itself is in [`crate::results`].
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
-
-use crate::server::Kind;
-use crate::workload::{Group, LoadConfig, RunResult, Workload};
-
-/// Where and with what the benchmark ran.
-#[derive(Debug, Serialize)]
-pub struct Meta {
-    pub date_utc: String,
-    /// `git rev-parse HEAD` of the workspace, if it is a repository with commits.
-    pub git_head: Option<String>,
-    /// Whether tracked files differ from `HEAD`: a number measured on uncommitted code cannot be
-    /// reproduced from the commit alone.
-    pub git_dirty: Option<bool>,
-    pub nproc: usize,
-    pub cpu_model: Option<String>,
-    pub mem_total_bytes: Option<u64>,
-    pub etcd: Option<Binary>,
-    pub baton: Option<Binary>,
-    pub rounds: usize,
-    pub load: LoadConfig,
-    /// Where the data directories were created (their filesystem decides what fsync costs).
-    pub data_root: PathBuf,
-}
+use serde::{Deserialize, Serialize};
 
 /// A server binary and what its `--version` says.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Binary {
     pub path: PathBuf,
     pub version: Option<String>,
@@ -79,252 +55,94 @@ pub fn git_state(workspace_root: &Path) -> (Option<String>, Option<bool>) {
     (head, dirty)
 }
 
-/// One run: one workload, one server, one round.
-#[derive(Debug, Serialize)]
-pub struct Sample {
-    pub workload: Workload,
-    pub server: Kind,
-    pub round: usize,
-    pub result: RunResult,
+/// Where the data directories live and what fsync costs there.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Disk {
+    pub data_root: PathBuf,
+    /// The device and filesystem type (`df`), e.g. `/dev/vda ext4`.
+    pub device: Option<String>,
+    pub fstype: Option<String>,
+    /// `/sys/block/<dev>/queue/rotational`: true for a spinning disk.
+    pub rotational: Option<bool>,
+    /// 4 KiB write + fdatasync, 200 times in a file under the data root: median and p99, µs.
+    pub fdatasync_p50_us: Option<f64>,
+    pub fdatasync_p99_us: Option<f64>,
 }
 
-/// Medians over rounds for one workload on one server.
-#[derive(Debug, Serialize)]
-pub struct Stats {
-    pub ops_per_sec: f64,
-    pub p50_ms: f64,
-    pub p99_ms: f64,
-    pub errors: u64,
-}
-
-/// One line of the table.
-#[derive(Debug, Serialize)]
-pub struct Row {
-    pub workload: Workload,
-    pub label: String,
-    pub etcd: Option<Stats>,
-    pub baton: Option<Stats>,
-    /// Baton throughput / etcd throughput (of `ratio_against` if set).
-    pub ratio: Option<f64>,
-    /// The workload whose etcd throughput `ratio` divides by, when not this row's own: the
-    /// baton.v1 rows, which etcd cannot run, are compared with its v3lock rows.
-    pub ratio_against: Option<Workload>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct Report {
-    pub meta: Meta,
-    pub rows: Vec<Row>,
-    /// Why some rows are missing (a server without a lock API, `--only`).
-    pub notes: Vec<String>,
-    pub samples: Vec<Sample>,
-}
-
-impl Report {
-    pub fn new(
-        meta: Meta,
-        workloads: &[Workload],
-        samples: Vec<Sample>,
-        notes: Vec<String>,
-    ) -> Report {
-        let stats = |workload, server| {
-            let runs: Vec<&RunResult> = samples
-                .iter()
-                .filter(|s| s.workload == workload && s.server == server)
-                .map(|s| &s.result)
-                .collect();
-            (!runs.is_empty()).then(|| Stats {
-                ops_per_sec: median(runs.iter().map(|r| r.ops_per_sec)),
-                p50_ms: median(runs.iter().map(|r| r.p50_ms)),
-                p99_ms: median(runs.iter().map(|r| r.p99_ms)),
-                errors: runs.iter().map(|r| r.errors).sum(),
+impl Disk {
+    pub fn probe(data_root: &Path) -> Disk {
+        let df = Command::new("df")
+            .args(["--output=source,fstype"])
+            .arg(data_root)
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+        let (device, fstype) = df
+            .as_deref()
+            .and_then(|t| t.lines().nth(1))
+            .map(|l| {
+                let mut f = l.split_whitespace();
+                (f.next().map(String::from), f.next().map(String::from))
             })
-        };
-        let rows = workloads
-            .iter()
-            .filter_map(|&workload| {
-                let etcd = stats(workload, Kind::Etcd);
-                let baton = stats(workload, Kind::Baton);
-                if etcd.is_none() && baton.is_none() {
-                    // Never ran (see the notes): a row of dashes would say nothing.
-                    return None;
-                }
-                let ratio_against = workload.ratio_base();
-                let etcd_ops = match ratio_against {
-                    Some(base) => stats(base, Kind::Etcd).map(|s| s.ops_per_sec),
-                    None => etcd.as_ref().map(|s| s.ops_per_sec),
-                };
-                let ratio = match (etcd_ops, &baton) {
-                    (Some(e), Some(b)) if e > 0.0 => Some(b.ops_per_sec / e),
-                    _ => None,
-                };
-                Some(Row {
-                    workload,
-                    label: workload.label(&meta.load),
-                    etcd,
-                    baton,
-                    ratio,
-                    ratio_against,
-                })
+            .unwrap_or((None, None));
+        let rotational = device.as_deref().and_then(|d| {
+            let name = d.strip_prefix("/dev/")?;
+            // /dev/vda1 → vda, /dev/nvme0n1p2 → nvme0n1: try the name, then shorter prefixes.
+            (1..=name.len()).rev().find_map(|n| {
+                std::fs::read_to_string(format!("/sys/block/{}/queue/rotational", &name[..n]))
+                    .ok()
+                    .map(|v| v.trim() == "1")
             })
-            .collect();
-        Report {
-            meta,
-            rows,
-            notes,
-            samples,
+        });
+        let (p50, p99) = fdatasync_probe(data_root).unzip();
+        Disk {
+            data_root: data_root.to_path_buf(),
+            device,
+            fstype,
+            rotational,
+            fdatasync_p50_us: p50,
+            fdatasync_p99_us: p99,
         }
     }
 
-    /// The human-readable report: a short header and one table.
-    pub fn markdown(&self) -> String {
-        let m = &self.meta;
-        let mut out = String::new();
-        let _ = writeln!(out, "## Baton vs etcd, side by side\n");
-        let _ = writeln!(out, "- date: {}", m.date_utc);
-        let commit = match (&m.git_head, m.git_dirty) {
-            (Some(head), Some(true)) => format!("{head} (plus uncommitted changes)"),
-            (Some(head), _) => head.clone(),
-            (None, _) => "unknown (not a git checkout, or no commits yet)".to_string(),
-        };
-        let _ = writeln!(out, "- commit: {commit}");
-        let mem = m
-            .mem_total_bytes
-            .map(|b| format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64))
-            .unwrap_or_else(|| "unknown".into());
-        let cpu = m.cpu_model.as_deref().unwrap_or("unknown CPU");
-        let _ = writeln!(
-            out,
-            "- machine: nproc {}, {cpu}, {mem} memory; both servers and the client share these cores",
-            m.nproc
-        );
-        for (name, bin) in [("etcd", &m.etcd), ("baton", &m.baton)] {
-            if let Some(bin) = bin {
-                let _ = writeln!(
-                    out,
-                    "- {name}: {} ({})",
-                    bin.path.display(),
-                    bin.version.as_deref().unwrap_or("version unknown")
-                );
-            }
-        }
-        let l = &m.load;
-        let has = |group| self.rows.iter().any(|r| r.workload.group() == group);
-        let _ = writeln!(
-            out,
-            "- load: {:.0} s warm-up per run, {} round(s) per server alternating, medians \
-             shown; fsync on; data in {}",
-            l.warmup.as_secs_f64(),
-            m.rounds,
-            m.data_root.display()
-        );
-        if has(Group::Kv) {
-            let _ = writeln!(
-                out,
-                "- kv workloads: {:.0} s measured per run; {} keys, {}-byte values",
-                l.duration.as_secs_f64(),
-                l.key_space,
-                l.value_size
-            );
-        }
-        if has(Group::Locks) {
-            let _ = writeln!(
-                out,
-                "- lock workloads: {:.0} s measured per run; each contender has its own \
-                 connection and session (a {:.0} s lease kept alive) and loops lock, empty \
-                 critical section, unlock; cycles/s = completed lock+unlock cycles per second, \
-                 all contenders together; latency = acquire (Lock sent → answered)",
-                l.lock_duration.as_secs_f64(),
-                l.lock_ttl.as_secs_f64()
-            );
-        }
-        let _ = writeln!(out);
-        for (group, unit, latency) in [
-            (Group::Kv, "ops/s", ""),
-            (Group::Locks, "cycles/s", "acquire "),
-        ] {
-            if !has(group) {
-                continue;
-            }
-            let _ = writeln!(
-                out,
-                "| workload | etcd {unit} | baton {unit} | ratio (baton/etcd) | \
-                 etcd {latency}p50 ms | baton {latency}p50 ms | \
-                 etcd {latency}p99 ms | baton {latency}p99 ms |"
-            );
-            let _ = writeln!(out, "|---|--:|--:|--:|--:|--:|--:|--:|");
-            for row in self.rows.iter().filter(|r| r.workload.group() == group) {
-                let col = |s: &Option<Stats>, f: fn(&Stats) -> String| {
-                    s.as_ref().map(f).unwrap_or_else(|| "–".into())
-                };
-                let ratio = match (row.ratio, row.ratio_against) {
-                    (Some(r), None) => format!("{r:.2}"),
-                    (Some(r), Some(_)) => format!("{r:.2} (vs etcd v3lock)"),
-                    (None, _) => "–".into(),
-                };
-                let _ = writeln!(
-                    out,
-                    "| {} | {} | {} | {ratio} | {} | {} | {} | {} |",
-                    row.label,
-                    col(&row.etcd, |s| format!("{:.0}", s.ops_per_sec)),
-                    col(&row.baton, |s| format!("{:.0}", s.ops_per_sec)),
-                    col(&row.etcd, |s| fmt_ms(s.p50_ms)),
-                    col(&row.baton, |s| fmt_ms(s.p50_ms)),
-                    col(&row.etcd, |s| fmt_ms(s.p99_ms)),
-                    col(&row.baton, |s| fmt_ms(s.p99_ms)),
-                );
-            }
-            if group == Group::Locks && self.rows.iter().any(|r| r.ratio_against.is_some()) {
-                let _ = writeln!(
-                    out,
-                    "\nbaton.v1 rows: Baton's own Acquire/Release, which etcd has no equivalent \
-                     of; their ratio is against etcd's v3lock row of the same shape."
-                );
-            }
-            let _ = writeln!(out);
-        }
-        let failed: Vec<String> = self
-            .rows
-            .iter()
-            .flat_map(|row| {
-                [("etcd", &row.etcd), ("baton", &row.baton)]
-                    .into_iter()
-                    .filter_map(move |(name, s)| match s {
-                        Some(s) if s.errors > 0 => Some(format!(
-                            "{}: {name} had {} failed requests or checks",
-                            row.label, s.errors
-                        )),
-                        _ => None,
-                    })
-            })
-            .collect();
-        if !failed.is_empty() {
-            let _ = writeln!(
-                out,
-                "Errors (see the JSON for the first message of each run):"
-            );
-            for line in failed {
-                let _ = writeln!(out, "- {line}");
-            }
-            let _ = writeln!(out);
-        }
-        if !self.notes.is_empty() {
-            let _ = writeln!(out, "Not run:");
-            for note in &self.notes {
-                let _ = writeln!(out, "- {note}");
-            }
-        }
-        out
+    pub fn is_tmpfs(&self) -> bool {
+        self.fstype.as_deref() == Some("tmpfs")
     }
 }
 
-/// Sub-millisecond latencies need a third decimal to be told apart; larger ones don't.
-fn fmt_ms(ms: f64) -> String {
-    if ms < 1.0 {
-        format!("{ms:.3}")
-    } else {
-        format!("{ms:.2}")
-    }
+/// Median and p99 (µs) of 200 × (4 KiB write + fdatasync) at the start of a scratch file
+/// in `dir` (an overwrite: no allocation, only the data and the device cache flush).
+fn fdatasync_probe(dir: &Path) -> Option<(f64, f64)> {
+    use std::os::unix::fs::FileExt;
+    let path = dir.join(format!(".fdatasync-probe-{}", std::process::id()));
+    let file = std::fs::File::options()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .ok();
+    let result = file.and_then(|file| {
+        let block = [0x5au8; 4096];
+        let mut times = Vec::with_capacity(200);
+        for i in 0..220 {
+            let t = Instant::now();
+            file.write_all_at(&block, 0).ok()?;
+            file.sync_data().ok()?;
+            if i >= 20 {
+                // the first ones allocate the block
+                times.push(t.elapsed());
+            }
+        }
+        times.sort();
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        Some((
+            us(times[times.len() / 2]),
+            us(times[times.len() * 99 / 100]),
+        ))
+    });
+    let _ = std::fs::remove_file(&path);
+    result
 }
 
 /// The median; with an even count, the mean of the middle two. Rounds are few (often two),
@@ -398,6 +216,13 @@ mod tests {
         assert_eq!(median([3.0, 1.0, 2.0].into_iter()), 2.0);
         assert_eq!(median([4.0, 1.0].into_iter()), 2.5);
         assert_eq!(median([7.0].into_iter()), 7.0);
+    }
+
+    #[test]
+    fn fdatasync_probe_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let (p50, p99) = fdatasync_probe(dir.path()).unwrap();
+        assert!(p50 > 0.0 && p99 >= p50);
     }
 
     #[test]

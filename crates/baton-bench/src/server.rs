@@ -1,9 +1,10 @@
-//! Starting, probing and stopping the two servers under test.
+//! Starting, probing, killing, restarting and stopping the servers under test: one member
+//! or a 3-member cluster of etcd or Baton, on loopback, each member with its own data
+//! directory.
 //!
-//! Each server is a child process with its own temporary data directory and its own loopback
-//! ports. Everything that must be undone (the process, the directory) is owned by a value whose
-//! `Drop` undoes it, so an error, a panic or an interrupt anywhere in the benchmark never leaves a
-//! server running or a data directory behind.
+//! Everything that must be undone (the processes, the directory) is owned by a value whose
+//! `Drop` undoes it, so an error, a panic or an interrupt anywhere in the benchmark never
+//! leaves a server running or a data directory behind.
 
 use std::fmt;
 use std::fs::File;
@@ -13,19 +14,22 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use etcd_client::{Client, ConnectOptions};
-use serde::Serialize;
+use baton_proto::etcdserverpb::maintenance_client::MaintenanceClient;
+use baton_proto::etcdserverpb::StatusRequest;
+use serde::{Deserialize, Serialize};
 
-/// How long a server may take from spawn to answering its first Range. etcd 3.4 elects itself
-/// leader after about one election timeout (1 s); Baton is similar. 30 s leaves room for a
-/// loaded machine without making a broken binary hang the run for long.
-const READY_TIMEOUT: Duration = Duration::from_secs(30);
+use crate::engine;
+
+/// How long a deployment may take from spawn to an agreed leader that answers a Range.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How long a server gets after SIGTERM to exit before it is killed outright.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// Which implementation a server is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
     Etcd,
@@ -41,152 +45,289 @@ impl fmt::Display for Kind {
     }
 }
 
-/// A running server: its endpoint, where its log goes, and the guards that stop it.
-///
-/// Field order matters: fields drop in declaration order, so the process is stopped before its
-/// data directory is removed.
-pub struct Server {
-    pub kind: Kind,
-    /// `127.0.0.1:PORT` of the etcd v3 gRPC API.
-    pub endpoint: String,
-    log_path: PathBuf,
-    child: ChildGuard,
-    _dir: tempfile::TempDir,
+/// One member or three.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Topology {
+    /// One member.
+    Single,
+    /// Three members on loopback.
+    Cluster,
 }
 
-impl Server {
-    /// Starts etcd the way a single-member etcd 3.4 is usually started (fsync on, the
-    /// default), on fresh loopback ports, and waits until it answers a Range.
-    pub async fn start_etcd(bin: &Path, data_root: Option<&Path>) -> Result<Server> {
-        ensure_binary(Kind::Etcd, bin)?;
-        let dir = temp_dir("baton-bench-etcd-", data_root)?;
-        let [client, peer] = free_ports()?;
-        let peer_url = format!("http://127.0.0.1:{peer}");
-        let client_url = format!("http://127.0.0.1:{client}");
-        let mut cmd = Command::new(bin);
-        cmd.arg("--name")
-            .arg("default")
-            .arg("--data-dir")
-            .arg(dir.path().join("data"))
-            .arg("--listen-client-urls")
-            .arg(&client_url)
-            .arg("--advertise-client-urls")
-            .arg(&client_url)
-            .arg("--listen-peer-urls")
-            .arg(&peer_url)
-            .arg("--initial-advertise-peer-urls")
-            .arg(&peer_url)
-            .arg("--initial-cluster")
-            .arg(format!("default={peer_url}"));
-        Server::spawn(Kind::Etcd, cmd, dir, client).await
+impl Topology {
+    pub fn members(self) -> usize {
+        match self {
+            Topology::Single => 1,
+            Topology::Cluster => 3,
+        }
     }
+}
 
-    /// Starts `baton serve` on fresh loopback ports and waits until it answers a Range.
-    pub async fn start_baton(bin: &Path, data_root: Option<&Path>) -> Result<Server> {
-        ensure_binary(Kind::Baton, bin)?;
-        let dir = temp_dir("baton-bench-baton-", data_root)?;
-        let [client, metrics, peer] = free_ports()?;
-        let mut cmd = Command::new(bin);
-        cmd.arg("serve")
-            .arg("--data-dir")
-            .arg(dir.path().join("data"))
-            .arg("--listen-client-urls")
-            .arg(format!("http://127.0.0.1:{client}"))
-            .arg("--listen-metrics-urls")
-            .arg(format!("http://127.0.0.1:{metrics}"))
-            .arg("--listen-peer-urls")
-            .arg(format!("http://127.0.0.1:{peer}"));
-        Server::spawn(Kind::Baton, cmd, dir, client).await
+impl fmt::Display for Topology {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Topology::Single => "single node",
+            Topology::Cluster => "3 members",
+        })
     }
+}
 
-    async fn spawn(
+/// Settings given to both servers alike.
+#[derive(Clone, Debug, Serialize)]
+pub struct Settings {
+    pub heartbeat_ms: u64,
+    pub election_ms: u64,
+    /// `--snapshot-count` for both, or each server's own default.
+    pub snapshot_count: Option<u64>,
+}
+
+/// One member process and how to start it again.
+struct Member {
+    name: String,
+    client_port: u16,
+    args: Vec<String>,
+    log_path: PathBuf,
+    child: Option<ChildGuard>,
+}
+
+/// A running deployment: one or three members of one kind.
+///
+/// Field order matters: fields drop in declaration order, so the processes are stopped
+/// before their data directory is removed.
+pub struct Deployment {
+    pub kind: Kind,
+    pub topology: Topology,
+    bin: PathBuf,
+    members: Vec<Member>,
+    dir: tempfile::TempDir,
+}
+
+impl Deployment {
+    /// Starts `topology` of `kind` on fresh loopback ports under a new directory in
+    /// `data_root`, and waits until the members agree on a leader that answers a Range.
+    pub async fn start(
         kind: Kind,
-        mut cmd: Command,
-        dir: tempfile::TempDir,
-        port: u16,
-    ) -> Result<Self> {
-        // Server logs go to a file rather than our terminal: they would drown the progress
-        // lines, and when startup fails their tail is what explains it.
-        let log_path = dir.path().join(format!("{kind}.log"));
-        let log =
-            File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
-        let child = cmd
+        bin: &Path,
+        topology: Topology,
+        data_root: &Path,
+        settings: &Settings,
+    ) -> Result<Deployment> {
+        ensure_binary(kind, bin)?;
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("baton-bench-{kind}-"))
+            .tempdir_in(data_root)
+            .with_context(|| format!("creating a data directory in {}", data_root.display()))?;
+        let n = topology.members();
+        // Ports below the ephemeral range: a killed member restarts on its ports, and an
+        // ephemeral port could meanwhile be taken as the source port of a peer's reconnect.
+        let ports = free_ports_below_ephemeral(n * 3)?;
+        let names: Vec<String> = (1..=n).map(|i| format!("m{i}")).collect();
+        let peer_url = |i: usize| format!("http://127.0.0.1:{}", ports[3 * i + 1]);
+        let initial = names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| format!("{name}={}", peer_url(i)))
+            .collect::<Vec<_>>()
+            .join(",");
+        let token = format!("bench-{}-{}", std::process::id(), ports[0]);
+        let mut members = Vec::with_capacity(n);
+        for (i, name) in names.iter().enumerate() {
+            let client_url = format!("http://127.0.0.1:{}", ports[3 * i]);
+            let data = dir.path().join(name);
+            let mut args: Vec<String> = Vec::new();
+            if kind == Kind::Baton {
+                args.push("serve".into());
+            }
+            let mut flag = |f: &str, v: String| {
+                args.push(format!("--{f}"));
+                args.push(v);
+            };
+            flag("name", name.clone());
+            flag("data-dir", data.display().to_string());
+            flag("listen-client-urls", client_url.clone());
+            flag("advertise-client-urls", client_url.clone());
+            flag("listen-peer-urls", peer_url(i));
+            flag("initial-advertise-peer-urls", peer_url(i));
+            flag("initial-cluster", initial.clone());
+            flag("initial-cluster-state", "new".into());
+            flag("initial-cluster-token", token.clone());
+            flag("heartbeat-interval", settings.heartbeat_ms.to_string());
+            flag("election-timeout", settings.election_ms.to_string());
+            if let Some(count) = settings.snapshot_count {
+                flag("snapshot-count", count.to_string());
+            }
+            match kind {
+                Kind::Baton => flag(
+                    "listen-metrics-urls",
+                    format!("http://127.0.0.1:{}", ports[3 * i + 2]),
+                ),
+                // 1M keys of 256 B outgrow etcd's default 2 GiB backend quota with history.
+                Kind::Etcd => flag("quota-backend-bytes", (8u64 << 30).to_string()),
+            }
+            members.push(Member {
+                name: name.clone(),
+                client_port: ports[3 * i],
+                args,
+                log_path: dir.path().join(format!("{name}.log")),
+                child: None,
+            });
+        }
+        let mut deployment = Deployment {
+            kind,
+            topology,
+            bin: bin.to_path_buf(),
+            members,
+            dir,
+        };
+        for i in 0..n {
+            deployment.spawn(i)?;
+        }
+        deployment.wait_ready().await?;
+        Ok(deployment)
+    }
+
+    fn spawn(&mut self, i: usize) -> Result<()> {
+        let kind = self.kind;
+        let m = &mut self.members[i];
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(&m.log_path)
+            .with_context(|| format!("opening {}", m.log_path.display()))?;
+        let child = Command::new(&self.bin)
+            .args(&m.args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().context("duplicating the log file handle")?)
             .stderr(log)
             .spawn()
-            .with_context(|| format!("spawning {kind} ({:?})", cmd.get_program()))?;
-        let mut server = Server {
-            kind,
-            endpoint: format!("127.0.0.1:{port}"),
-            log_path,
-            child: ChildGuard { child, kind },
-            _dir: dir,
-        };
-        server.wait_ready().await?;
-        Ok(server)
-    }
-
-    /// Waits until the server accepts TCP and then answers a Range. A listening socket alone
-    /// is not enough: both servers listen before they have elected themselves leader, and a
-    /// benchmark that starts then would measure the election.
-    async fn wait_ready(&mut self) -> Result<()> {
-        let deadline = Instant::now() + READY_TIMEOUT;
-        let mut last_error = String::from("never tried");
-        while Instant::now() < deadline {
-            self.check_alive()?;
-            match self.probe().await {
-                Ok(()) => return Ok(()),
-                Err(e) => last_error = format!("{e:#}"),
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        bail!(
-            "{} at {} was not ready within {:?} (last error: {last_error})\n{}",
-            self.kind,
-            self.endpoint,
-            READY_TIMEOUT,
-            self.log_tail()
-        )
-    }
-
-    async fn probe(&self) -> Result<()> {
-        tokio::net::TcpStream::connect(&self.endpoint)
-            .await
-            .context("TCP connect")?;
-        let options = ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(2))
-            .with_timeout(Duration::from_secs(2));
-        let mut client = Client::connect([self.endpoint.as_str()], Some(options))
-            .await
-            .context("gRPC connect")?;
-        client
-            .get("baton-bench/ready", None)
-            .await
-            .context("Range")?;
+            .with_context(|| format!("spawning {kind} {} ({})", m.name, self.bin.display()))?;
+        m.child = Some(ChildGuard { child, kind });
         Ok(())
     }
 
-    /// Fails if the process has exited, with the tail of its log: a server that died in the
-    /// middle of a run would otherwise show up only as a wall of request errors.
+    /// Every member's client endpoint (`127.0.0.1:PORT`).
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .map(|m| format!("127.0.0.1:{}", m.client_port))
+            .collect()
+    }
+
+    /// The process id of member `i`, if it runs.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.members[i].child.as_ref().map(|c| c.child.id())
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Waits until every running member names the same leader, which is one of them, and a
+    /// Range through the leader succeeds; returns the leader's index.
+    pub async fn wait_ready(&mut self) -> Result<usize> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            self.check_alive()?;
+            let last = match self.leader().await {
+                Ok(i) => {
+                    let ep = self.endpoints()[i].clone();
+                    match crate::kv::prepare(&[ep], 16).await {
+                        Ok(()) => return Ok(i),
+                        Err(e) => format!("{e:#}"),
+                    }
+                }
+                Err(e) => format!("{e:#}"),
+            };
+            if Instant::now() > deadline {
+                bail!(
+                    "{} ({}) had no agreed, working leader within {READY_TIMEOUT:?} (last: {last})\n{}",
+                    self.kind,
+                    self.topology,
+                    self.log_tail()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The index of the member every running member names as leader (Maintenance.Status).
+    pub async fn leader(&self) -> Result<usize> {
+        let mut ids = Vec::new();
+        let mut leaders = Vec::new();
+        for (i, ep) in self.endpoints().iter().enumerate() {
+            if self.members[i].child.is_none() {
+                continue;
+            }
+            let status = async {
+                let ch = engine::channel(ep, Duration::from_secs(1)).await?;
+                let s = MaintenanceClient::new(ch)
+                    .status(StatusRequest {})
+                    .await?
+                    .into_inner();
+                Ok::<_, anyhow::Error>(s)
+            };
+            let s = tokio::time::timeout(Duration::from_secs(2), status)
+                .await
+                .map_err(|_| anyhow::anyhow!("Status of {ep} timed out"))?
+                .with_context(|| format!("Status of {ep}"))?;
+            ids.push((i, s.header.map_or(0, |h| h.member_id)));
+            leaders.push(s.leader);
+        }
+        let leader = *leaders.first().context("no member runs")?;
+        if leader == 0 || leaders.iter().any(|&l| l != leader) {
+            bail!("no agreed leader yet: {leaders:x?}");
+        }
+        ids.iter()
+            .find(|(_, id)| *id == leader)
+            .map(|(i, _)| *i)
+            .context("the leader is not a running member")
+    }
+
+    /// kill -9 of member `i`; returns when it was sent.
+    pub fn kill9(&mut self, i: usize) -> Instant {
+        let at = Instant::now();
+        if let Some(mut guard) = self.members[i].child.take() {
+            let _ = guard.child.kill();
+            let _ = guard.child.wait();
+        }
+        at
+    }
+
+    /// Starts member `i` again on its ports and data directory.
+    pub fn restart(&mut self, i: usize) -> Result<()> {
+        self.spawn(i)
+    }
+
+    /// Fails if a member that should run has exited, with the tail of its log.
     pub fn check_alive(&mut self) -> Result<()> {
-        if let Some(status) = self
-            .child
-            .child
-            .try_wait()
-            .with_context(|| format!("checking on {}", self.kind))?
-        {
-            bail!("{} exited ({status})\n{}", self.kind, self.log_tail());
+        for m in &mut self.members {
+            if let Some(guard) = &mut m.child {
+                if let Some(status) = guard.child.try_wait().context("checking on a member")? {
+                    let tail = tail(&m.log_path);
+                    bail!("{} {} exited ({status})\n{tail}", self.kind, m.name);
+                }
+            }
         }
         Ok(())
     }
 
     fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log_path).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        let tail = lines[lines.len().saturating_sub(20)..].join("\n");
-        format!("last lines of {}:\n{tail}", self.log_path.display())
+        self.members
+            .iter()
+            .map(|m| tail(&m.log_path))
+            .collect::<Vec<_>>()
+            .join("\n")
     }
+}
+
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+    format!("last lines of {}:\n{tail}", path.display())
 }
 
 /// Owns a child process and stops it when dropped: SIGTERM first, so the server can close its
@@ -238,27 +379,24 @@ pub fn ensure_binary(kind: Kind, bin: &Path) -> Result<()> {
     bail!("{kind} binary {} not found. {how}", bin.display())
 }
 
-fn temp_dir(prefix: &str, root: Option<&Path>) -> Result<tempfile::TempDir> {
-    let mut builder = tempfile::Builder::new();
-    builder.prefix(prefix);
-    match root {
-        Some(root) => builder
-            .tempdir_in(root)
-            .with_context(|| format!("creating a data directory in {}", root.display())),
-        None => builder.tempdir().context("creating a data directory"),
+/// `n` distinct free loopback ports below Linux's ephemeral range (32768+). All listeners are
+/// held until every port is chosen so none is handed out twice.
+fn free_ports_below_ephemeral(n: usize) -> Result<Vec<u16>> {
+    use rand::Rng;
+    let mut rng = rand::thread_rng();
+    let mut held = Vec::with_capacity(n);
+    let mut tries = 0;
+    while held.len() < n {
+        tries += 1;
+        if tries > 10_000 {
+            bail!("no free loopback ports in 20000..32000");
+        }
+        let port: u16 = rng.gen_range(20_000..32_000);
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+            held.push(l);
+        }
     }
-}
-
-/// `N` distinct free loopback ports. All listeners are held until every port is chosen so the
-/// kernel cannot hand out the same port twice; the race with other programs between releasing
-/// them and the server binding them is tiny and only ever makes startup fail loudly.
-fn free_ports<const N: usize>() -> Result<[u16; N]> {
-    let listeners = (0..N)
-        .map(|_| TcpListener::bind("127.0.0.1:0").context("binding an ephemeral loopback port"))
-        .collect::<Result<Vec<_>>>()?;
-    let mut ports = [0u16; N];
-    for (port, listener) in ports.iter_mut().zip(&listeners) {
-        *port = listener.local_addr()?.port();
-    }
-    Ok(ports)
+    held.iter()
+        .map(|l| Ok(l.local_addr()?.port()))
+        .collect::<Result<Vec<u16>>>()
 }

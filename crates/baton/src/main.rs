@@ -1,7 +1,7 @@
 //! `baton`: the one binary. `baton serve` runs a member that speaks the etcd v3 API; the
 //! other subcommands are its command-line client, all on `baton-client`: `baton kv`,
 //! `baton lease`, `baton status`, `baton member` and `baton move-leader` for data and
-//! operators, `baton lock` and `baton elect` for Baton's locks and elections.
+//! operators, `baton bench` to benchmark any etcd-API server, `baton lock` and `baton elect` for Baton's locks and elections.
 
 mod cli;
 mod serve;
@@ -38,6 +38,7 @@ enum Command {
     Elect(cli::elect::ElectArgs),
     Member(cli::member::MemberArgs),
     MoveLeader(cli::member::MoveLeaderArgs),
+    Bench(cli::bench::BenchArgs),
 }
 
 fn main() -> Result<()> {
@@ -64,6 +65,7 @@ fn main() -> Result<()> {
             std::process::exit(code)
         }
         Command::Member(args) => std::process::exit(runtime.block_on(cli::member::run(args))),
+        Command::Bench(args) => std::process::exit(runtime.block_on(cli::bench::run(args))),
         Command::MoveLeader(args) => {
             std::process::exit(runtime.block_on(cli::member::run_move_leader(args)))
         }

@@ -13,6 +13,7 @@
 //!   needs to act on goes to stderr prefixed with `baton lock:` / `baton elect:`; stdout
 //!   carries only machine-readable results so scripts can capture it.
 
+pub mod bench;
 pub mod child;
 pub mod client;
 pub mod elect;
