@@ -20,8 +20,8 @@ pub enum Target {
     RatioAtMost(f64),
     /// Baton's value < x (CPU %).
     BatonBelow(f64),
-    /// Both servers' values ≤ x (failover ms).
-    BothAtMost(f64),
+    /// Baton's value ≤ x (failover ms; etcd's is shown for comparison).
+    BatonAtMost(f64),
 }
 
 impl Target {
@@ -31,17 +31,17 @@ impl Target {
             Target::RatioAtMost(x) if (x - 1.0 / 3.0).abs() < 1e-9 => "≤⅓×".into(),
             Target::RatioAtMost(x) => format!("≤{}×", trim(x)),
             Target::BatonBelow(x) => format!("baton <{} {unit}", trim(x)),
-            Target::BothAtMost(x) => format!("both ≤{} {unit}", trim(x)),
+            Target::BatonAtMost(x) => format!("baton ≤{} {unit}", trim(x)),
         }
     }
 
-    /// Whether `etcd`, `baton` and their ratio meet it.
-    pub fn met(&self, etcd: Option<f64>, baton: Option<f64>, ratio: Option<f64>) -> Option<bool> {
+    /// Whether Baton's value or the Baton/etcd ratio meets it.
+    pub fn met(&self, baton: Option<f64>, ratio: Option<f64>) -> Option<bool> {
         match *self {
             Target::RatioAtLeast(x) => ratio.map(|r| r >= x),
             Target::RatioAtMost(x) => ratio.map(|r| r <= x),
             Target::BatonBelow(x) => baton.map(|b| b < x),
-            Target::BothAtMost(x) => Some(etcd? <= x && baton? <= x),
+            Target::BatonAtMost(x) => baton.map(|b| b <= x),
         }
     }
 
@@ -126,7 +126,7 @@ impl Row {
             (Some(e), Some(b)) if e > 0.0 => Some(b / e),
             _ => None,
         };
-        let met = spec.target.and_then(|t| t.met(etcd, baton, ratio));
+        let met = spec.target.and_then(|t| t.met(baton, ratio));
         let rounds = samples.iter().map(|s| s.round + 1).max().unwrap_or(0);
         Row {
             topology,
@@ -492,31 +492,26 @@ mod tests {
 
     #[test]
     fn targets() {
+        assert_eq!(Target::RatioAtLeast(2.0).met(None, Some(1.9)), Some(false));
         assert_eq!(
-            Target::RatioAtLeast(2.0).met(None, None, Some(1.9)),
-            Some(false)
-        );
-        assert_eq!(
-            Target::RatioAtMost(1.0 / 3.0).met(None, None, Some(0.3)),
+            Target::RatioAtMost(1.0 / 3.0).met(None, Some(0.3)),
             Some(true)
         );
         assert_eq!(Target::RatioAtMost(1.0 / 3.0).text("MiB"), "≤⅓×");
-        assert_eq!(
-            Target::BatonBelow(5.0).met(Some(50.0), Some(4.0), None),
-            Some(true)
-        );
+        assert_eq!(Target::BatonBelow(5.0).met(Some(4.0), None), Some(true));
         assert_eq!(
             Target::BatonBelow(5.0).text("% of a core"),
             "baton <5 % of a core"
         );
         assert_eq!(
-            Target::BothAtMost(1000.0).met(Some(900.0), Some(1100.0), None),
+            Target::BatonAtMost(1000.0).met(Some(1100.0), None),
             Some(false)
         );
         assert_eq!(
-            Target::BothAtMost(1000.0).met(None, Some(100.0), None),
-            None
+            Target::BatonAtMost(1000.0).met(Some(800.0), None),
+            Some(true)
         );
+        assert_eq!(Target::BatonAtMost(1000.0).met(None, None), None);
         assert_eq!(Target::RatioAtLeast(1.5).text("ops/s"), "≥1.5×");
     }
 

@@ -553,7 +553,7 @@ pub async fn side_by_side(args: SideBySideArgs) -> Result<()> {
                     label: "failover: kill -9 leader → next successful write, median".into(),
                     unit: "ms".into(),
                     lower_is_better: true,
-                    target: Some(Target::BothAtMost(1000.0)),
+                    target: Some(Target::BatonAtMost(1000.0)),
                 }],
                 _ => vec![item.row(topology, &args)],
             };
