@@ -23,13 +23,13 @@
 //! records and hands them with openraft's `LogFlushed` callback to one writer thread. The
 //! thread drains everything queued, writes it with one `write`, issues one `fdatasync`, and
 //! only then acknowledges every callback. A small append with nothing queued ahead of it is
-//! written and fsynced right away on the calling task instead (see `INLINE_MAX_BYTES`: the
-//! two thread hand-offs cost more than the fsync saves a lone writer). Note that openraft 0.9 waits for
-//! each append's callback before issuing the next append, so on the leader this queue rarely
-//! holds more than one append; proposals share fsyncs because the `proposer` packs concurrent
-//! commands into one entry. The writer-side batching still matters for records that need no
-//! acknowledgement (committed, purge) and becomes effective as is with an openraft that
-//! pipelines log I/O (0.10).
+//! written and fsynced right away on the calling task instead (see `INLINE_MAX_BYTES`: for a
+//! lone writer the two thread hand-offs cost more than the thread saves). Note that openraft
+//! 0.9 waits for each append's callback before issuing the next append, so on the leader this
+//! queue rarely holds more than one append; proposals share fsyncs because the `proposer`
+//! packs concurrent commands into one entry. The writer-side batching still matters for
+//! records that need no acknowledgement (truncate, purge) and becomes effective as is with an
+//! openraft that pipelines log I/O (0.10).
 //!
 //! # Recovery
 //! Records are verified one by one; the log ends where only zeros follow (preallocated space,
