@@ -103,6 +103,12 @@ impl Writer {
         first_success_sent_after(&self.log.lock().expect("not poisoned"), t)
     }
 
+    /// Successful writes sent at or after `t` so far.
+    pub fn successes_sent_after(&self, t: Instant) -> usize {
+        let log = self.log.lock().expect("not poisoned");
+        log.iter().filter(|w| w.ok && w.sent >= t).count()
+    }
+
     pub fn stop(self) -> Vec<Write> {
         self.task.abort();
         let log = self.log.lock().expect("not poisoned");

@@ -253,6 +253,44 @@ impl Deployment {
         }
     }
 
+    /// Waits until every running member reports the same revision (Maintenance.Status): with
+    /// no writes in flight, a restarted member has then caught up with the others.
+    pub async fn wait_caught_up(&mut self) -> Result<()> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            self.check_alive()?;
+            let mut revisions = Vec::new();
+            for (i, ep) in self.endpoints().iter().enumerate() {
+                if self.members[i].child.is_none() {
+                    continue;
+                }
+                let status = async {
+                    let ch = engine::channel(ep, Duration::from_secs(1)).await?;
+                    let s = MaintenanceClient::new(ch)
+                        .status(StatusRequest {})
+                        .await?
+                        .into_inner();
+                    Ok::<_, anyhow::Error>(s.header.map_or(0, |h| h.revision))
+                };
+                match tokio::time::timeout(Duration::from_secs(2), status).await {
+                    Ok(Ok(rev)) => revisions.push(rev),
+                    _ => revisions.push(-1),
+                }
+            }
+            if revisions.iter().all(|&r| r >= 0 && r == revisions[0]) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{} ({}) members did not converge within {READY_TIMEOUT:?} (revisions {revisions:?})",
+                    self.kind,
+                    self.topology
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// The index of the member every running member names as leader (Maintenance.Status).
     pub async fn leader(&self) -> Result<usize> {
         let mut ids = Vec::new();

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
@@ -752,9 +752,18 @@ async fn failover(
                 plan.kills
             );
             let leader = d.wait_ready().await?;
-            let writer = Writer::start(&d.endpoints())?;
-            // Let the writer connect everywhere and settle.
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            let endpoints = d.endpoints();
+            let writer = Writer::start(&endpoints)?;
+            // The writer round-robins over the members: two successes per member since it
+            // started mean it is connected everywhere and writing before the kill.
+            let since = Instant::now();
+            let settle_by = since + Duration::from_secs(10);
+            while writer.successes_sent_after(since) < 2 * endpoints.len() {
+                if Instant::now() > settle_by {
+                    bail!("{kind}: the failover writer got no steady successes within 10 s");
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
             let killed_at = d.kill9(leader);
             let deadline = killed_at + Duration::from_secs(30);
             let recovered = loop {
@@ -792,8 +801,8 @@ async fn failover(
             }
             d.restart(leader)?;
             d.wait_ready().await?;
-            // Let the restarted member catch up before the next kill.
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            // The restarted member catches up before the next kill.
+            d.wait_caught_up().await?;
         }
     }
     Ok(())
