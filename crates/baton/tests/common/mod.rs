@@ -39,9 +39,9 @@ impl Baton {
         let mut b = Baton {
             child: None,
             data_dir: data_dir.to_path_buf(),
-            client_port: free_port(),
-            metrics_port: free_port(),
-            peer_port: free_port(),
+            client_port: free_port_below_ephemeral(),
+            metrics_port: free_port_below_ephemeral(),
+            peer_port: free_port_below_ephemeral(),
             extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
         };
         b.spawn();
@@ -124,17 +124,25 @@ impl Drop for Baton {
     }
 }
 
-/// A free loopback port below Linux's ephemeral range (32768+). Members that are killed and
-/// restarted on their ports need this: while a member is down its peers keep reconnecting to
-/// its port, and a port inside the ephemeral range can meanwhile be taken as the source port
-/// of some outgoing connection (even a TCP self-connect to that very port), so the restarted
-/// member could not bind it.
+/// A free loopback port below Linux's ephemeral range (32768+), never handed out twice in
+/// this test process. Members that are killed and restarted on their ports need both: while a
+/// member is down its peers keep reconnecting to its port, and a port inside the ephemeral
+/// range can meanwhile be taken as the source port of some outgoing connection (even a TCP
+/// self-connect to that very port); and a test running in parallel that picks ports while the
+/// member is down would find its ports free and take them (seen in CI: a restarted member
+/// failed with "Address already in use").
 pub fn free_port_below_ephemeral() -> u16 {
     use rand::Rng;
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
     let mut rng = rand::thread_rng();
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    let handed_out = handed_out.get_or_insert_with(HashSet::new);
     loop {
         let port = rng.gen_range(20_000..32_000);
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if !handed_out.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            handed_out.insert(port);
             return port;
         }
     }
