@@ -352,6 +352,18 @@ impl Deployment {
         Ok(())
     }
 
+    /// Copies every member's log into `dest` (created), so a run that went wrong can be
+    /// investigated after the deployment and its data directory are gone.
+    pub fn save_logs(&self, dest: &Path) -> Result<()> {
+        std::fs::create_dir_all(dest).with_context(|| format!("creating {}", dest.display()))?;
+        for m in &self.members {
+            let to = dest.join(format!("{}-{}.log", self.kind, m.name));
+            std::fs::copy(&m.log_path, &to)
+                .with_context(|| format!("copying {} to {}", m.log_path.display(), to.display()))?;
+        }
+        Ok(())
+    }
+
     fn log_tail(&self) -> String {
         self.members
             .iter()

@@ -430,6 +430,22 @@ pub async fn side_by_side(args: SideBySideArgs) -> Result<()> {
                                 format!("{} against {kind} ({topology})", spec.label())
                             });
                         d.check_alive()?;
+                        // Logs of a run that failed or saw errors outlive the deployment.
+                        let logs_note = match &run {
+                            Ok(r) if r.errors == 0 => String::new(),
+                            _ => {
+                                let dest = data_root.join(format!(
+                                    "logs-{kind}-{}-{}-round{}",
+                                    topology.members(),
+                                    item.id(),
+                                    round + 1
+                                ));
+                                match d.save_logs(&dest) {
+                                    Ok(()) => format!(" (logs: {})", dest.display()),
+                                    Err(e) => format!(" (logs not saved: {e:#})"),
+                                }
+                            }
+                        };
                         // A run that fails (no request succeeded: a stalled server, or a
                         // stalled disk on a shared machine) costs a note, not the benchmark.
                         let run = match run {
@@ -437,7 +453,8 @@ pub async fn side_by_side(args: SideBySideArgs) -> Result<()> {
                             Err(e) => {
                                 eprintln!("failed: {e:#}");
                                 notes.push(format!(
-                                    "{topology}, {}, {kind}, round {}: **the run failed**: {e:#}",
+                                    "{topology}, {}, {kind}, round {}: **the run failed**: \
+                                     {e:#}{logs_note}",
                                     spec.label(),
                                     round + 1
                                 ));
@@ -459,7 +476,7 @@ pub async fn side_by_side(args: SideBySideArgs) -> Result<()> {
                         };
                         let errors = if run.errors > 0 {
                             notes.push(format!(
-                                "{topology}, {}, {kind}, round {}: {} errors (first: {})",
+                                "{topology}, {}, {kind}, round {}: {} errors (first: {}){logs_note}",
                                 spec.label(),
                                 round + 1,
                                 run.errors,
