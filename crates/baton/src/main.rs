@@ -9,6 +9,13 @@ mod serve;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
+/// mimalloc rather than glibc's malloc: measured on this project's 2-core machine with
+/// `baton bench` against fresh single-node servers, put at 100 clients +5–15 %, 50 distinct
+/// locks +15 %, RSS after 100k keys of 256 B 118 → 97 MiB and after 1M keys 779 → 639 MiB
+/// (glibc keeps freed snapshot copies in its arenas; `malloc_trim` returns only part).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "baton",
