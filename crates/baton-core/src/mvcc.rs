@@ -23,6 +23,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 
+use imbl::OrdMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::crc32::Crc32;
@@ -154,11 +156,22 @@ fn bounds(range: &KeyRange) -> Option<KeyBounds<'_>> {
     Some((Bound::Included(key), Bound::Excluded(end)))
 }
 
+/// The key → versions map. A persistent B-tree (`imbl::OrdMap`) rather than `std`'s: cloning
+/// it is O(1) (its nodes are shared and copied on the next write to each), so a snapshot takes
+/// its copy of the state without stalling applies. With `BTreeMap` the copy under the state
+/// lock took 77 ms at 60k keys and 420 ms at 300k keys (every write waited, and on one worker
+/// thread the whole runtime with it); the nodes a write copies while a snapshot still shares
+/// them are at most the whole tree once per snapshot, spread over the writes that follow.
+pub(crate) type KeyMap = OrdMap<Key, Vec<Version>>;
+
+/// The revision → changed keys index; persistent for the same reason as [`KeyMap`].
+pub(crate) type ChangeMap = OrdMap<i64, Changed>;
+
 /// See the module docs.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct KeyStore {
-    keys: BTreeMap<Key, Vec<Version>>,
-    changes: BTreeMap<i64, Changed>,
+    keys: KeyMap,
+    changes: ChangeMap,
     /// Keys whose newest version is live. Derived; kept so `key_count` is O(1).
     live_keys: usize,
     /// Sum of `Version::size_bytes` over all retained versions. Derived.
@@ -171,6 +184,8 @@ impl KeyStore {
         keys: BTreeMap<Key, Vec<Version>>,
         changes: BTreeMap<i64, Changed>,
     ) -> Self {
+        let keys: KeyMap = keys.into_iter().collect();
+        let changes: ChangeMap = changes.into_iter().collect();
         let mut live_keys = 0;
         let mut size_bytes = 0;
         for (k, versions) in &keys {
@@ -187,11 +202,11 @@ impl KeyStore {
         }
     }
 
-    pub(crate) fn keys(&self) -> &BTreeMap<Key, Vec<Version>> {
+    pub(crate) fn keys(&self) -> &KeyMap {
         &self.keys
     }
 
-    pub(crate) fn changes(&self) -> &BTreeMap<i64, Changed> {
+    pub(crate) fn changes(&self) -> &ChangeMap {
         &self.changes
     }
 
@@ -210,7 +225,7 @@ impl KeyStore {
         range: &'a KeyRange,
     ) -> impl Iterator<Item = (&'a Key, &'a Vec<Version>)> + 'a {
         bounds(range)
-            .map(|b| self.keys.range::<[u8], _>(b))
+            .map(|b| self.keys.range::<_, [u8]>(b))
             .into_iter()
             .flatten()
     }
@@ -251,12 +266,53 @@ impl KeyStore {
             (true, false) => self.live_keys -= 1,
             _ => {}
         }
-        match self.changes.entry(rev) {
-            std::collections::btree_map::Entry::Vacant(e) => {
-                e.insert(Changed::One(key.into()));
+        self.note_change(key, rev);
+    }
+
+    /// Lists `key` in the change index at `rev`, after the keys already changed there.
+    fn note_change(&mut self, key: &[u8], rev: i64) {
+        match self.changes.get_mut(&rev) {
+            Some(changed) => changed.push(key.into()),
+            None => {
+                self.changes.insert(rev, Changed::One(key.into()));
             }
-            std::collections::btree_map::Entry::Occupied(mut e) => e.get_mut().push(key.into()),
         }
+    }
+
+    /// Writes a live version of `key` at `rev`, made by `make` from the key's newest live
+    /// version (with its `mod_revision`), if any; `make`'s second result is handed back. One
+    /// map traversal for a key that exists (a lookup and then [`KeyStore::put`] would be two,
+    /// each a string comparison and a likely cache miss per tree level).
+    pub(crate) fn put_with<R>(
+        &mut self,
+        key: &[u8],
+        rev: i64,
+        make: impl FnOnce(Option<(i64, &Live)>) -> (Live, R),
+    ) -> R {
+        let Some(versions) = self.keys.get_mut(key) else {
+            let (live, out) = make(None);
+            self.put(key, rev, live);
+            return out;
+        };
+        let last = versions.last().expect("a stored key has a version");
+        assert!(
+            last.mod_revision < rev,
+            "key changed twice at revision {rev} (last change at {})",
+            last.mod_revision
+        );
+        let was_live = last.live.is_some();
+        let (live, out) = make(last.live.as_ref().map(|l| (last.mod_revision, l)));
+        let version = Version {
+            mod_revision: rev,
+            live: Some(live),
+        };
+        self.size_bytes += version.size_bytes(key);
+        versions.push(version);
+        if !was_live {
+            self.live_keys += 1;
+        }
+        self.note_change(key, rev);
+        out
     }
 
     /// Writes a live version of `key` at `rev`.
@@ -290,9 +346,15 @@ impl KeyStore {
     /// changed since the previous compaction can have anything to drop, and `changes` lists
     /// exactly those, so the cost is proportional to the history being dropped.
     pub(crate) fn compact(&mut self, at: i64) {
-        let keep = self.changes.split_off(&(at + 1));
-        let dropped = std::mem::replace(&mut self.changes, keep);
-        let touched: BTreeSet<Key> = dropped.into_values().flat_map(Changed::into_vec).collect();
+        // (`OrdMap::split` walks the whole map; removing the dropped revisions one by one costs
+        // in proportion to the history being dropped.)
+        let dropped: Vec<i64> = self.changes.range(..=at).map(|(&rev, _)| rev).collect();
+        let mut touched: BTreeSet<Key> = BTreeSet::new();
+        for rev in dropped {
+            if let Some(changed) = self.changes.remove(&rev) {
+                touched.extend(changed.into_vec());
+            }
+        }
         for key in touched {
             let Some(versions) = self.keys.get_mut(&key) else {
                 continue;
@@ -473,5 +535,84 @@ impl KeyStore {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn live(value: &[u8]) -> Live {
+        Live {
+            create_revision: 2,
+            version: 1,
+            lease: 0,
+            value: value.into(),
+        }
+    }
+
+    /// Snapshots written with `BTreeMap`s must read back, and new ones must read in older
+    /// binaries: the persistent maps encode to exactly the same bytes.
+    #[test]
+    fn persistent_maps_encode_like_btreemaps() {
+        let mut store = KeyStore::default();
+        for i in 0..300u32 {
+            let key = format!("k{:05}", i * 7 % 300);
+            store.put(key.as_bytes(), 2 + i64::from(i), live(&i.to_le_bytes()));
+        }
+        store.delete(b"k00007", 400);
+        let keys: BTreeMap<Key, Vec<Version>> = store
+            .keys()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let changes: BTreeMap<i64, Changed> = store
+            .changes()
+            .iter()
+            .map(|(r, c)| (*r, c.clone()))
+            .collect();
+        assert_eq!(
+            bincode::serialize(store.keys()).unwrap(),
+            bincode::serialize(&keys).unwrap()
+        );
+        assert_eq!(
+            bincode::serialize(store.changes()).unwrap(),
+            bincode::serialize(&changes).unwrap()
+        );
+        let back = KeyStore::from_parts(keys, changes);
+        assert_eq!(back.keys(), store.keys());
+        assert_eq!(back.live_keys(), store.live_keys());
+        assert_eq!(back.size_bytes(), store.size_bytes());
+    }
+
+    /// A clone taken for a snapshot keeps its contents while the original moves on, and the
+    /// original sees its own writes (the copy-on-write of shared nodes).
+    #[test]
+    fn clone_is_a_stable_copy() {
+        let mut store = KeyStore::default();
+        for i in 0..1000u32 {
+            store.put(format!("k{i:04}").as_bytes(), 2 + i64::from(i), live(b"a"));
+        }
+        let frozen = store.clone();
+        for i in 0..1000u32 {
+            store.put(
+                format!("k{i:04}").as_bytes(),
+                2000 + i64::from(i),
+                live(b"b"),
+            );
+        }
+        store.compact(2999);
+        assert!(frozen
+            .keys()
+            .iter()
+            .all(|(_, v)| v.len() == 1 && &*v[0].live.as_ref().unwrap().value == b"a"));
+        assert_eq!(frozen.changes().len(), 1000);
+        assert!(store
+            .keys()
+            .iter()
+            .all(|(_, v)| v.len() == 1 && &*v[0].live.as_ref().unwrap().value == b"b"));
+        assert!(store.changes().is_empty());
+        assert_eq!(store.check_invariants(2999, 2999), Ok(()));
+        assert_eq!(frozen.check_invariants(1001, 0), Ok(()));
     }
 }

@@ -22,7 +22,9 @@ use crate::locks::{
     lock_key, lock_names_of, lock_prefix, FenceDecision, FenceTable, ForceReleaseRecord, LockInfo,
     LockRecord, LockSummary, LockTable, Queue,
 };
-use crate::mvcc::{key_value, visible_at, Changed, Key, KeyStore, Live, Version};
+use crate::mvcc::{
+    key_value, visible_at, ChangeMap, Changed, Key, KeyMap, KeyStore, Live, Version,
+};
 use crate::types::{Event, EventKind, KeyRange, KeyValue, LeaseId, LogIndex, Revision, Term};
 use crate::validate;
 
@@ -82,8 +84,8 @@ struct SnapshotBodyRef<'a> {
     compact_revision: i64,
     last_applied: Option<(LogIndex, Term)>,
     last_time_ms: u64,
-    keys: &'a BTreeMap<Key, Vec<Version>>,
-    changes: &'a BTreeMap<i64, Changed>,
+    keys: &'a KeyMap,
+    changes: &'a ChangeMap,
     leases: &'a BTreeMap<LeaseId, LeaseRecord>,
     locks: &'a BTreeMap<Vec<u8>, LockRecord>,
     fences: &'a BTreeMap<Vec<u8>, i64>,
@@ -1167,26 +1169,28 @@ impl StateMachine {
     }
 
     fn exec_put(&mut self, p: &PutRequest, w: &mut Writes) -> PutResponse {
-        let prev = self
-            .store
-            .latest(&p.key)
-            .map(|(m, live)| key_value(&p.key, m, live));
-        let value = match (&prev, p.ignore_value) {
-            (Some(prev), true) => prev.value.as_slice().into(),
-            _ => p.value.as_slice().into(),
-        };
-        let lease = match (&prev, p.ignore_lease) {
-            (Some(prev), true) => prev.lease,
-            _ => p.lease,
-        };
-        let (create_revision, version) = match &prev {
-            Some(prev) => (prev.create_revision.0, prev.version + 1),
-            None => (w.rev, 1),
-        };
-        if let Some(prev) = &prev {
-            self.detach(prev.lease, &p.key);
-        } else {
-            self.locks.key_created(&p.key, create_revision);
+        let rev = w.rev;
+        let (prev, kv) = self.store.put_with(&p.key, rev, |prev| {
+            let live = Live {
+                create_revision: prev.map_or(rev, |(_, l)| l.create_revision),
+                version: prev.map_or(1, |(_, l)| l.version + 1),
+                lease: match prev {
+                    Some((_, l)) if p.ignore_lease => l.lease,
+                    _ => p.lease.0,
+                },
+                value: match prev {
+                    Some((_, l)) if p.ignore_value => l.value.clone(),
+                    _ => p.value.as_slice().into(),
+                },
+            };
+            let prev = prev.map(|(m, l)| key_value(&p.key, m, l));
+            let kv = key_value(&p.key, rev, &live);
+            (live, (prev, kv))
+        });
+        let lease = kv.lease;
+        match &prev {
+            Some(prev) => self.detach(prev.lease, &p.key),
+            None => self.locks.key_created(&p.key, kv.create_revision.0),
         }
         if !lease.is_none() {
             let record = self
@@ -1195,14 +1199,6 @@ impl StateMachine {
                 .expect("put's lease was checked to exist");
             record.keys.insert(p.key.clone());
         }
-        let live = Live {
-            create_revision,
-            version,
-            lease: lease.0,
-            value,
-        };
-        let kv = key_value(&p.key, w.rev, &live);
-        self.store.put(&p.key, w.rev, live);
         w.events.push(Event {
             kind: EventKind::Put,
             kv,
