@@ -2,11 +2,12 @@
 //! index of which keys changed at which revision.
 //!
 //! Layout, and why:
-//! - `keys: BTreeMap<key, Vec<Version>>`, each vector sorted by `mod_revision`. A put into a
+//! - `keys: OrdMap<key, Vec<Version>>` (a persistent B-tree, see [`KeyMap`]), each vector
+//!   sorted by `mod_revision`. A put into a
 //!   store of `n` keys is one `O(log n)` map lookup plus a push; a read at revision `r` is a
 //!   binary search in that key's (short) vector; a prefix range walks only the keys in the
 //!   prefix, never the whole map.
-//! - `changes: BTreeMap<revision, Vec<key>>`, the keys changed at each revision *in the order
+//! - `changes: OrdMap<revision, keys>`, the keys changed at each revision *in the order
 //!   the command changed them*. Watch catch-up from revision `r` walks this index from `r`
 //!   instead of every key, and compaction uses it to visit only the keys that changed since
 //!   the previous compaction. The order matters: events of one revision must come out in
