@@ -13,7 +13,7 @@ use baton_txn::{Error, Fingerprint, IdempotencyKey, StoredResponse};
 use common::{connect, count_effects, fresh_schema};
 
 const SCHEMA: &str = "t_crash_kill";
-const LEASE: Duration = Duration::from_millis(800);
+const LEASE: Duration = Duration::from_millis(2000);
 
 fn store(schema: &Schema) -> IdempotencyStore {
     IdempotencyStore::new(

@@ -159,12 +159,20 @@ async fn bad_missing_or_mismatched_keys_are_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_concurrent_duplicate_gets_409_with_retry_after_then_the_replay() {
-    let (router, app) = router("t_http_409", Duration::from_millis(800), None).await;
+    let (router, app) = router("t_http_409", Duration::from_millis(1000), None).await;
     let first = {
         let router = router.clone();
         tokio::spawn(async move { send(&router, post_order(Some("k"), "qty=1")).await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Wait until the first request's claim is committed (its handler then holds for 1 s).
+    let observer = connect().await;
+    let claimed = format!(
+        "SELECT 1 FROM {}.idempotency_keys WHERE key = 'k'",
+        app.schema.name()
+    );
+    while observer.query_opt(&claimed, &[]).await.unwrap().is_none() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let (status, headers, _) = send(&router, post_order(Some("k"), "qty=1")).await;
     assert_eq!(status, StatusCode::CONFLICT);
     let retry_after: u64 = headers

@@ -158,11 +158,21 @@ async fn fifty_concurrent_requests_without_waiting_are_in_flight_then_replay_one
         .iter()
         .filter(|(_, o)| matches!(o, Outcome::InFlight { .. }))
         .count();
-    assert_eq!(
-        in_flight, 49,
-        "every duplicate came while the first was running"
+    let replayed = results
+        .iter()
+        .filter(|(_, o)| matches!(o, Outcome::Replayed(_)))
+        .count();
+    assert_eq!(in_flight + replayed, 49);
+    // All of them should come while the first runs (it holds for 1.5 s); a very slow machine
+    // may let a few in after its commit, and those get the replay at once.
+    assert!(
+        in_flight >= 40,
+        "only {in_flight} requests saw the first one in flight"
     );
     for (mut client, outcome) in results {
+        if let Outcome::Replayed(r) = &outcome {
+            assert_eq!(r, &executed[0]);
+        }
         if let Outcome::InFlight { retry_after } = outcome {
             assert!(retry_after > Duration::ZERO && retry_after <= Duration::from_secs(30));
             let retry = store
@@ -190,7 +200,7 @@ async fn fifty_concurrent_requests_without_waiting_are_in_flight_then_replay_one
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_between_the_work_and_the_response_runs_the_retry_once() {
     let schema = fresh_schema("t_idem_crash_drop").await;
-    let store = IdempotencyStore::new(&schema, config(600, 3_600_000));
+    let store = IdempotencyStore::new(&schema, config(2000, 3_600_000));
     let key = IdempotencyKey::new("k").unwrap();
 
     // The first attempt claims, does the work, and "crashes" before storing the response:
@@ -214,10 +224,10 @@ async fn a_crash_between_the_work_and_the_response_runs_the_retry_once() {
     // Within the lease the key is in flight; after it, the retry runs the work exactly once.
     let mut retry = connect().await;
     match store.claim(&retry, "t", &key, &fp("a")).await.unwrap() {
-        Claim::InFlight { retry_after } => assert!(retry_after <= Duration::from_millis(600)),
+        Claim::InFlight { retry_after } => assert!(retry_after <= Duration::from_millis(2000)),
         other => panic!("expected InFlight, got {other:?}"),
     }
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
     let out = store
         .run(
             &mut retry,
