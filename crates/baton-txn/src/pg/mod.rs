@@ -1,0 +1,127 @@
+//! The PostgreSQL stores (feature `postgres`), over `tokio-postgres`.
+//!
+//! Every table lives in one schema of the caller's choice ([`Schema`], `baton_txn` by
+//! default), created by [`Schema::migrate`]. Calls that must be part of the caller's work take
+//! a `&Transaction` — that is what makes the dedup record and the effect commit together;
+//! calls that must *not* be (claiming a key, releasing it, purging) take a `&Client` and run as
+//! statements of their own.
+//!
+//! Layout for the slices still to come: `outbox` (the outbox table and `enqueue`) beside
+//! `idempotency` and `inbox`, each adding its tables as a new entry of [`Schema::migrate`]'s
+//! list.
+
+mod idempotency;
+mod inbox;
+
+pub use idempotency::{Claim, Execution, IdempotencyConfig, IdempotencyStore, Outcome, RunError};
+pub use inbox::Inbox;
+pub use tokio_postgres::{Client, Transaction};
+
+use crate::Error;
+
+/// The schema that holds the tables. A plain lower-case identifier, so statements can name
+/// it without quoting; several applications (or tests) can share one database with a schema
+/// each.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Schema(String);
+
+impl Default for Schema {
+    fn default() -> Self {
+        Schema("baton_txn".into())
+    }
+}
+
+/// Each entry runs once per schema, in order, recorded in `<schema>.migrations`; `{s}` is the
+/// schema. Entries are never edited once released, only appended.
+const MIGRATIONS: &[(i32, &str)] = &[(
+    1,
+    "CREATE TABLE {s}.idempotency_keys (
+         tenant          text        NOT NULL,
+         key             text        NOT NULL,
+         fingerprint     bytea       NOT NULL,
+         state           text        NOT NULL CHECK (state IN ('in_flight', 'done')),
+         claim_token     bigint      NOT NULL,
+         locked_until    timestamptz NOT NULL,
+         created_at      timestamptz NOT NULL,
+         expires_at      timestamptz NOT NULL,
+         response_status integer,
+         response_header_names  text[],
+         response_header_values text[],
+         response_body   bytea,
+         PRIMARY KEY (tenant, key)
+     );
+     CREATE INDEX idempotency_keys_expires_at ON {s}.idempotency_keys (expires_at);
+     CREATE TABLE {s}.inbox (
+         consumer    text        NOT NULL,
+         message_id  text        NOT NULL,
+         received_at timestamptz NOT NULL DEFAULT now(),
+         PRIMARY KEY (consumer, message_id)
+     );
+     CREATE INDEX inbox_received_at ON {s}.inbox (received_at);",
+)];
+
+impl Schema {
+    /// A schema name: 1–63 characters of `[a-z0-9_]`, not starting with a digit.
+    pub fn new(name: impl Into<String>) -> Result<Self, Error> {
+        let name = name.into();
+        let ok = !name.is_empty()
+            && name.len() <= 63
+            && !name.as_bytes()[0].is_ascii_digit()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if ok {
+            Ok(Schema(name))
+        } else {
+            Err(Error::InvalidSchema(name))
+        }
+    }
+
+    /// The name.
+    pub fn name(&self) -> &str {
+        &self.0
+    }
+
+    /// `sql` with `{s}` replaced by the schema name.
+    pub(crate) fn sql(&self, sql: &str) -> String {
+        sql.replace("{s}", &self.0)
+    }
+
+    /// Creates the schema and its tables, or brings them up to date. Safe to run from many
+    /// processes at once (an advisory lock serialises them: concurrent `CREATE … IF NOT
+    /// EXISTS` can still fail on PostgreSQL's catalog unique indexes) and on every start.
+    pub async fn migrate(&self, client: &mut Client) -> Result<(), Error> {
+        let tx = client.transaction().await?;
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(1114989679, hashtext($1))",
+            &[&self.0],
+        )
+        .await?;
+        tx.batch_execute(&self.sql(
+            "CREATE SCHEMA IF NOT EXISTS {s};
+             CREATE TABLE IF NOT EXISTS {s}.migrations (
+                 version    integer PRIMARY KEY,
+                 applied_at timestamptz NOT NULL DEFAULT now()
+             );",
+        ))
+        .await?;
+        let done: Vec<i32> = tx
+            .query(&self.sql("SELECT version FROM {s}.migrations"), &[])
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        for (version, sql) in MIGRATIONS {
+            if !done.contains(version) {
+                tx.batch_execute(&self.sql(sql)).await?;
+                tx.execute(
+                    &self.sql("INSERT INTO {s}.migrations (version) VALUES ($1)"),
+                    &[version],
+                )
+                .await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}
