@@ -21,6 +21,11 @@ pub enum Error {
     #[cfg(feature = "postgres")]
     #[error("PostgreSQL: {0}")]
     Postgres(#[from] tokio_postgres::Error),
+    /// The relay's progress write was refused by its [`crate::relay::Fence`]: another relay
+    /// holds a newer fencing token, so this one must stop (what it published may go out
+    /// again; nothing is lost).
+    #[error("the relay was fenced off: {0}")]
+    Fenced(String),
     /// A connection for claims could not be had (see [`crate::http::ClaimConnections`]).
     #[error("no database connection: {0}")]
     Connection(String),

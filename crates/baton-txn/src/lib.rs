@@ -77,6 +77,8 @@ mod response;
 pub mod http;
 #[cfg(feature = "postgres")]
 pub mod pg;
+#[cfg(feature = "postgres")]
+pub mod relay;
 
 pub use error::Error;
 pub use fingerprint::Fingerprint;

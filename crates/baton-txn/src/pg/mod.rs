@@ -6,15 +6,16 @@
 //! calls that must *not* be (claiming a key, releasing it, purging) take a `&Client` and run as
 //! statements of their own.
 //!
-//! Layout for the slices still to come: `outbox` (the outbox table and `enqueue`) beside
-//! `idempotency` and `inbox`, each adding its tables as a new entry of [`Schema::migrate`]'s
-//! list.
+//! Each store (`idempotency`, `inbox`, `outbox`) adds its tables as an entry of
+//! [`Schema::migrate`]'s list.
 
 mod idempotency;
 mod inbox;
+mod outbox;
 
 pub use idempotency::{Claim, Execution, IdempotencyConfig, IdempotencyStore, Outcome, RunError};
 pub use inbox::Inbox;
+pub use outbox::{DeadLetter, Message, Outbox, OutboxMessage, OutboxStats};
 pub use tokio_postgres::{Client, Transaction};
 
 use crate::Error;
@@ -33,9 +34,10 @@ impl Default for Schema {
 
 /// Each entry runs once per schema, in order, recorded in `<schema>.migrations`; `{s}` is the
 /// schema. Entries are never edited once released, only appended.
-const MIGRATIONS: &[(i32, &str)] = &[(
-    1,
-    "CREATE TABLE {s}.idempotency_keys (
+const MIGRATIONS: &[(i32, &str)] = &[
+    (
+        1,
+        "CREATE TABLE {s}.idempotency_keys (
          tenant          text        NOT NULL,
          key             text        NOT NULL,
          fingerprint     bytea       NOT NULL,
@@ -58,7 +60,38 @@ const MIGRATIONS: &[(i32, &str)] = &[(
          PRIMARY KEY (consumer, message_id)
      );
      CREATE INDEX inbox_received_at ON {s}.inbox (received_at);",
-)];
+    ),
+    (
+        2,
+        // `xid` is the enqueuing transaction's id (64-bit, never wraps): the relay reads only
+        // below the oldest transaction still running, and in (xid, seq) order; see
+        // `outbox.rs`. The partial indexes keep the relay's scans proportional to the
+        // unsent rows, however many sent ones are kept.
+        "CREATE TABLE {s}.outbox (
+             seq             bigserial   PRIMARY KEY,
+             id              text        NOT NULL UNIQUE,
+             aggregate       text        NOT NULL,
+             topic           text        NOT NULL,
+             header_names    text[]      NOT NULL,
+             header_values   text[]      NOT NULL,
+             payload         bytea       NOT NULL,
+             created_at      timestamptz NOT NULL DEFAULT now(),
+             xid             xid8        NOT NULL DEFAULT pg_current_xact_id(),
+             state           text        NOT NULL DEFAULT 'pending'
+                                         CHECK (state IN ('pending', 'sent', 'dead')),
+             attempts        integer     NOT NULL DEFAULT 0,
+             next_attempt_at timestamptz NOT NULL DEFAULT now(),
+             last_error      text,
+             sent_at         timestamptz,
+             dead_at         timestamptz
+         );
+         CREATE INDEX outbox_pending ON {s}.outbox (xid, seq) WHERE state = 'pending';
+         CREATE INDEX outbox_retrying ON {s}.outbox (aggregate)
+             WHERE state = 'pending' AND attempts > 0;
+         CREATE INDEX outbox_sent ON {s}.outbox (sent_at) WHERE state = 'sent';
+         CREATE INDEX outbox_dead ON {s}.outbox (seq) WHERE state = 'dead';",
+    ),
+];
 
 impl Schema {
     /// A schema name: 1–63 characters of `[a-z0-9_]`, not starting with a digit.

@@ -1,0 +1,381 @@
+//! The relay: publishes the outbox to a broker, at least once, in order per aggregate.
+//!
+//! One round ([`Relay::run_once`]):
+//!
+//! ```text
+//!  read a batch (pending, below the xid horizon, (xid, seq) order)
+//!    ──▶ publish: one chain per aggregate, in order, each waiting for the broker's ack
+//!        before its next message; the chains run concurrently
+//!    ──▶ one transaction: Fence::check, mark the acked rows sent, count the refused ones
+//!        (backoff, or dead after the last attempt) ──▶ COMMIT
+//! ```
+//!
+//! A crash (or a cancelled future) anywhere before that COMMIT leaves the batch pending, so
+//! the next round publishes it again: the broker (NATS's `Nats-Msg-Id` window) or the
+//! consumer's [`crate::pg::Inbox`] drops the duplicate. Nothing between the broker's ack and
+//! the mark-sent can lose a message; the price is a duplicate.
+//!
+//! [`Publisher`] is the broker side (adapters: [`nats`] behind the feature `nats`, [`amqp`]
+//! behind `amqp`); [`Fence`] guards the progress write. The default [`NoFence`] is correct
+//! only while one relay at a time works on an outbox: two unfenced relays never lose a
+//! message either, but they publish duplicates and may interleave one aggregate's messages
+//! out of order. Several relays with an election need a fence that refuses a deposed
+//! relay's writes (Baton's fencing tokens; the next part of this crate).
+
+#[cfg(feature = "amqp")]
+pub mod amqp;
+#[cfg(feature = "nats")]
+pub mod nats;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use tokio_postgres::{Client, Transaction};
+
+use crate::pg::{Outbox, OutboxMessage};
+use crate::Error;
+
+/// The header that carries a message's aggregate to the consumer (both adapters set it), so
+/// a consumer can check or restore per-aggregate order without parsing the payload.
+pub const AGGREGATE_HEADER: &str = "Baton-Aggregate";
+
+/// Why a publish did not happen.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PublishError {
+    /// The broker refused this message (no stream for the subject, an unroutable `mandatory`
+    /// message returned, a nack, a missing exchange). Counts as an attempt: after
+    /// [`RelayConfig::max_attempts`] the message becomes a dead letter.
+    #[error("refused by the broker: {0}")]
+    Rejected(String),
+    /// The broker could not be reached or did not answer in time. Not the message's fault, so
+    /// not an attempt: the relay waits and tries again, however long the outage.
+    #[error("broker unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// A broker adapter. `publish` returns only once the broker has taken responsibility for the
+/// message (JetStream's publish ack, RabbitMQ's publisher confirm); `Ok` before that would let
+/// the relay mark a message sent that the broker may still drop.
+///
+/// The relay calls it concurrently for different aggregates and never for two messages of
+/// one aggregate at once. The future is `Send` so that a relay can run on a spawned task.
+pub trait Publisher: Send + Sync {
+    /// Publishes `message` to `message.topic`, its id as the broker's de-duplication id where
+    /// the broker has one.
+    fn publish(
+        &self,
+        message: &OutboxMessage,
+    ) -> impl Future<Output = Result<(), PublishError>> + Send;
+}
+
+/// Guards the relay's progress writes (mark-sent, attempt counts) against a relay that is no
+/// longer the active one.
+///
+/// `check` runs inside the transaction that writes the progress, before the writes; an error
+/// rolls that transaction back and stops the relay with [`Error::Fenced`]. An implementation
+/// for several relays compares the relay's fencing token with a fence row in the same
+/// database and locks it (`SELECT … FOR SHARE` / `FOR UPDATE`) so that the check and the
+/// writes commit against the same token.
+pub trait Fence: Send + Sync {
+    /// `Ok` if this relay may still write; [`Error::Fenced`] otherwise.
+    fn check<'a>(
+        &'a self,
+        tx: &'a Transaction<'_>,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a;
+}
+
+/// No fence: for exactly one relay per outbox (one process, or an external guarantee that
+/// only one runs). It is *not* high availability: two relays with `NoFence` both write.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoFence;
+
+impl Fence for NoFence {
+    async fn check<'a>(&'a self, _tx: &'a Transaction<'_>) -> Result<(), Error> {
+        Ok(())
+    }
+}
+
+/// How the relay reads, retries and gives up.
+#[derive(Clone, Debug)]
+pub struct RelayConfig {
+    /// Messages read per round. 500 by default.
+    pub batch_size: i64,
+    /// How long to sleep when there is nothing to publish. 50 ms by default.
+    pub poll_interval: Duration,
+    /// Attempts (refusals by the broker) before a message becomes a dead letter. 10 by
+    /// default. Outages ([`PublishError::Unavailable`]) do not count.
+    pub max_attempts: i32,
+    /// The wait after a message's first refusal; it doubles with each further one (with
+    /// jitter: a random 50–100 % of it), up to `max_backoff`. 100 ms by default.
+    pub initial_backoff: Duration,
+    /// The longest wait between attempts, also the longest wait for a broker or database
+    /// that is down. 30 s by default.
+    pub max_backoff: Duration,
+    /// How long one publish may wait for the broker's ack before it counts as unavailable.
+    /// 30 s by default.
+    pub publish_timeout: Duration,
+    /// How often the pending-rows and oldest-age gauges are refreshed. 1 s by default.
+    pub metrics_interval: Duration,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        RelayConfig {
+            batch_size: 500,
+            poll_interval: Duration::from_millis(50),
+            max_attempts: 10,
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(30),
+            publish_timeout: Duration::from_secs(30),
+            metrics_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// What one round did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RoundReport {
+    /// Messages read.
+    pub read: usize,
+    /// Published and marked sent.
+    pub published: usize,
+    /// Refused by the broker and left pending for a retry.
+    pub retried: usize,
+    /// Refused for the last time: now dead letters.
+    pub dead: usize,
+    /// Left pending because the broker was unavailable.
+    pub unavailable: usize,
+}
+
+/// Publishes an outbox through a [`Publisher`], guarded by a [`Fence`].
+pub struct Relay<P, F = NoFence> {
+    outbox: Outbox,
+    publisher: P,
+    fence: F,
+    config: RelayConfig,
+}
+
+impl<P: Publisher> Relay<P, NoFence> {
+    /// A relay without a fence: one relay per outbox only (see [`NoFence`]).
+    pub fn new(outbox: Outbox, publisher: P, config: RelayConfig) -> Self {
+        Relay::with_fence(outbox, publisher, NoFence, config)
+    }
+}
+
+impl<P: Publisher, F: Fence> Relay<P, F> {
+    /// A relay whose progress writes `fence` guards.
+    pub fn with_fence(outbox: Outbox, publisher: P, fence: F, config: RelayConfig) -> Self {
+        Relay {
+            outbox,
+            publisher,
+            fence,
+            config,
+        }
+    }
+
+    /// The publisher (to read an adapter's own counters).
+    pub fn publisher(&self) -> &P {
+        &self.publisher
+    }
+
+    /// One round: read a batch, publish it, record the outcome. An error leaves every
+    /// message of the batch whose outcome was not committed pending, to be published again.
+    pub async fn run_once(&self, client: &mut Client) -> Result<RoundReport, Error> {
+        let batch = self
+            .outbox
+            .next_batch(client, self.config.batch_size)
+            .await?;
+        let mut report = RoundReport {
+            read: batch.len(),
+            ..RoundReport::default()
+        };
+        if batch.is_empty() {
+            return Ok(report);
+        }
+
+        // One chain per aggregate, in batch order; a chain stops at its first failure so a
+        // later message never overtakes an earlier one of the same aggregate.
+        let mut chains: Vec<Vec<&OutboxMessage>> = Vec::new();
+        let mut chain_of: HashMap<&str, usize> = HashMap::new();
+        for message in &batch {
+            let at = *chain_of.entry(&message.aggregate).or_insert_with(|| {
+                chains.push(Vec::new());
+                chains.len() - 1
+            });
+            chains[at].push(message);
+        }
+        let outcomes = futures_util::future::join_all(chains.iter().map(|chain| async move {
+            let mut outcomes = Vec::with_capacity(chain.len());
+            for &message in chain {
+                let result = match tokio::time::timeout(
+                    self.config.publish_timeout,
+                    self.publisher.publish(message),
+                )
+                .await
+                {
+                    Ok(result) => result,
+                    Err(_) => Err(PublishError::Unavailable(format!(
+                        "no ack within {:?}",
+                        self.config.publish_timeout
+                    ))),
+                };
+                let failed = result.is_err();
+                outcomes.push((message, result));
+                if failed {
+                    break;
+                }
+            }
+            outcomes
+        }))
+        .await;
+
+        let mut sent = Vec::new();
+        let mut refused = Vec::new();
+        for (message, result) in outcomes.into_iter().flatten() {
+            match result {
+                Ok(()) => sent.push(message.seq),
+                Err(PublishError::Rejected(why)) => refused.push((message, why)),
+                Err(PublishError::Unavailable(why)) => {
+                    tracing::debug!(id = %message.id, "broker unavailable: {why}");
+                    report.unavailable += 1;
+                }
+            }
+        }
+
+        let tx = client.transaction().await?;
+        self.fence.check(&tx).await?;
+        if !sent.is_empty() {
+            tx.execute(self.outbox.mark_sent_sql(), &[&sent]).await?;
+        }
+        for (message, why) in &refused {
+            let backoff = self.backoff(message.attempts).as_secs_f64();
+            let row = tx
+                .query_opt(
+                    self.outbox.mark_failed_sql(),
+                    &[&message.seq, why, &backoff, &self.config.max_attempts],
+                )
+                .await?;
+            match row.map(|r| r.get::<_, String>(0)).as_deref() {
+                Some("dead") => {
+                    tracing::warn!(id = %message.id, aggregate = %message.aggregate,
+                        "outbox message is a dead letter after {} attempts: {why}",
+                        message.attempts + 1);
+                    report.dead += 1;
+                }
+                _ => report.retried += 1,
+            }
+        }
+        tx.commit().await?;
+
+        report.published = sent.len();
+        let schema = self.outbox.schema().name().to_string();
+        metrics::counter!("baton_txn_outbox_published_total", "schema" => schema.clone())
+            .increment(report.published as u64);
+        metrics::counter!("baton_txn_outbox_publish_failures_total", "schema" => schema.clone(), "kind" => "rejected")
+            .increment(refused.len() as u64);
+        metrics::counter!("baton_txn_outbox_publish_failures_total", "schema" => schema.clone(), "kind" => "unavailable")
+            .increment(report.unavailable as u64);
+        metrics::counter!("baton_txn_outbox_dead_lettered_total", "schema" => schema)
+            .increment(report.dead as u64);
+        Ok(report)
+    }
+
+    /// Runs rounds until `shutdown` completes or the fence refuses a write
+    /// ([`Error::Fenced`], returned). Database errors (PostgreSQL restarting, a dropped
+    /// connection) and broker outages are waited out with backoff: `connect` is called again
+    /// for a new connection. Stopping through `shutdown` may cut a round short; what it had
+    /// published goes out again from the next relay.
+    pub async fn run<C, Fut>(
+        &self,
+        connect: C,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), Error>
+    where
+        C: FnMut() -> Fut,
+        Fut: Future<Output = Result<Client, Error>>,
+    {
+        tokio::select! {
+            () = shutdown => Ok(()),
+            result = self.run_forever(connect) => result,
+        }
+    }
+
+    async fn run_forever<C, Fut>(&self, mut connect: C) -> Result<(), Error>
+    where
+        C: FnMut() -> Fut,
+        Fut: Future<Output = Result<Client, Error>>,
+    {
+        let mut client: Option<Client> = None;
+        let mut failures = 0;
+        let mut metrics_due = Instant::now();
+        loop {
+            if client.as_ref().is_none_or(|c| c.is_closed()) {
+                match connect().await {
+                    Ok(c) => client = Some(c),
+                    Err(e) => {
+                        tracing::warn!("relay: cannot connect to the database: {e}");
+                        tokio::time::sleep(self.backoff(failures)).await;
+                        failures += 1;
+                        continue;
+                    }
+                }
+            }
+            let c = client.as_mut().expect("connected above");
+            if Instant::now() >= metrics_due {
+                metrics_due = Instant::now() + self.config.metrics_interval;
+                if let Err(e) = self.export_gauges(c).await {
+                    tracing::debug!("relay: gauges not refreshed: {e}");
+                }
+            }
+            match self.run_once(c).await {
+                Ok(report) => {
+                    if report.unavailable > 0 {
+                        tokio::time::sleep(self.backoff(failures)).await;
+                        failures += 1;
+                    } else {
+                        failures = 0;
+                        if report.read == 0 {
+                            tokio::time::sleep(self.config.poll_interval).await;
+                        }
+                    }
+                }
+                Err(e @ Error::Fenced(_)) => return Err(e),
+                Err(e) => {
+                    tracing::warn!("relay: round failed, reconnecting: {e}");
+                    client = None;
+                    tokio::time::sleep(self.backoff(failures)).await;
+                    failures += 1;
+                }
+            }
+        }
+    }
+
+    /// Refreshes the gauges: pending rows (the lag), dead letters, age of the oldest
+    /// pending message.
+    pub async fn export_gauges(&self, client: &Client) -> Result<(), Error> {
+        let stats = self.outbox.stats(client).await?;
+        let schema = self.outbox.schema().name().to_string();
+        metrics::gauge!("baton_txn_outbox_pending_rows", "schema" => schema.clone())
+            .set(stats.pending as f64);
+        metrics::gauge!("baton_txn_outbox_dead_rows", "schema" => schema.clone())
+            .set(stats.dead as f64);
+        metrics::gauge!("baton_txn_outbox_oldest_pending_seconds", "schema" => schema)
+            .set(stats.oldest_pending_age.as_secs_f64());
+        Ok(())
+    }
+
+    /// The wait after the `attempts + 1`-th failure in a row: `initial · 2^attempts`, at most
+    /// `max_backoff`, scaled by a random 50–100 % so that many relays (or aggregates) do not
+    /// retry in lockstep.
+    fn backoff(&self, attempts: i32) -> Duration {
+        let exp = attempts.clamp(0, 30) as u32;
+        let base = self
+            .config
+            .initial_backoff
+            .saturating_mul(1u32 << exp)
+            .min(self.config.max_backoff);
+        base.mul_f64(rand::thread_rng().gen_range(0.5..=1.0))
+    }
+}
