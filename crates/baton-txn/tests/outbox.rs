@@ -26,7 +26,10 @@ impl Recorder {
 impl Publisher for Recorder {
     async fn publish(&self, message: &OutboxMessage) -> Result<(), PublishError> {
         if message.topic.starts_with("bad") {
-            return Err(PublishError::Rejected(format!("no route for {}", message.topic)));
+            return Err(PublishError::Rejected(format!(
+                "no route for {}",
+                message.topic
+            )));
         }
         if message.topic.starts_with("down") {
             return Err(PublishError::Unavailable("broker down".into()));
@@ -89,7 +92,10 @@ async fn only_committed_messages_are_published_with_their_headers_and_ids() {
 
     let tx = client.transaction().await.unwrap();
     outbox
-        .enqueue(&tx, &Message::new("a", "t", "committed").with_header("k", "v"))
+        .enqueue(
+            &tx,
+            &Message::new("a", "t", "committed").with_header("k", "v"),
+        )
         .await
         .unwrap();
     tx.commit().await.unwrap();
@@ -204,11 +210,17 @@ async fn the_outbox_order_is_xid_then_seq() {
     tx_late.commit().await.unwrap();
     assert_eq!(relay.run_once(&mut relay_client).await.unwrap().read, 0);
     outbox
-        .enqueue(&tx_early, &Message::new("agg", "t", "earlier xid, higher seq"))
+        .enqueue(
+            &tx_early,
+            &Message::new("agg", "t", "earlier xid, higher seq"),
+        )
         .await
         .unwrap();
     tx_early.commit().await.unwrap();
-    assert_eq!(relay.run_once(&mut relay_client).await.unwrap().published, 2);
+    assert_eq!(
+        relay.run_once(&mut relay_client).await.unwrap().published,
+        2
+    );
     assert_eq!(
         relay.publisher().payloads(),
         ["earlier xid, higher seq", "later xid, lower seq"]

@@ -95,7 +95,10 @@ async fn ten_thousand_messages_exactly_once_through_killed_relays() {
         let client = connect().await;
         let stats = Outbox::new(&schema).stats(&client).await.unwrap();
         let stored = stream.info().await.unwrap().state.messages as usize;
-        println!("killed at {fault}: {} pending, {stored} in the stream", stats.pending);
+        println!(
+            "killed at {fault}: {} pending, {stored} in the stream",
+            stats.pending
+        );
         assert!(
             stored > total - stats.pending as usize,
             "the killed relay published messages it did not mark sent"
@@ -159,7 +162,10 @@ async fn a_subject_without_a_stream_ends_as_a_dead_letter() {
     let mut client = connect().await;
     let tx = client.transaction().await.unwrap();
     outbox
-        .enqueue(&tx, &Message::new("a", "t_relay_nats_dead.nowhere", "lost?"))
+        .enqueue(
+            &tx,
+            &Message::new("a", "t_relay_nats_dead.nowhere", "lost?"),
+        )
         .await
         .unwrap();
     outbox

@@ -283,13 +283,19 @@ impl Outbox {
     }
 
     /// The dead letters, oldest first, at most `limit`.
-    pub async fn dead_letters(&self, client: &Client, limit: i64) -> Result<Vec<DeadLetter>, Error> {
+    pub async fn dead_letters(
+        &self,
+        client: &Client,
+        limit: i64,
+    ) -> Result<Vec<DeadLetter>, Error> {
         let rows = client.query(&self.sql.dead, &[&limit]).await?;
         Ok(rows
             .iter()
             .map(|row| DeadLetter {
                 message: OutboxMessage::from_row(row),
-                last_error: row.get::<_, Option<String>>("last_error").unwrap_or_default(),
+                last_error: row
+                    .get::<_, Option<String>>("last_error")
+                    .unwrap_or_default(),
                 dead_at: row.get("dead_at"),
             })
             .collect())

@@ -172,7 +172,10 @@ pub async fn wait_drained(schema: &Schema, deadline: Duration) {
                 }
             }
         }
-        assert!(Instant::now() < until, "the outbox was not drained in {deadline:?}");
+        assert!(
+            Instant::now() < until,
+            "the outbox was not drained in {deadline:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
