@@ -15,12 +15,17 @@
 //! - [`http`] (feature `axum`) — a tower layer that applies idempotency keys to an HTTP
 //!   service, with a handler-side helper that stores the response in the handler's own
 //!   transaction.
+//! - [`pg::Outbox`] — the producer side: `enqueue(tx, message)` writes a message in the
+//!   business transaction, so it exists if and only if the business change committed.
+//! - [`relay::Relay`] — publishes the outbox to a broker through a [`relay::Publisher`]:
+//!   [`relay::nats::JetStreamPublisher`] (feature `nats`) and [`relay::amqp::AmqpPublisher`]
+//!   (feature `amqp`), its progress writes guarded by a [`relay::Fence`].
 //!
-//! Later parts of the same toolkit (issue 7) fit beside these: a transactional outbox
-//! (`pg::outbox`, `enqueue(tx, message)` in the business transaction) and a relay publishing
-//! it to NATS JetStream and RabbitMQ under a Baton election with fenced writes (`relay`).
-//! The PostgreSQL code sits behind the `postgres` feature and the HTTP layer behind `axum`, so
-//! the plain crate (keys, fingerprints, stored responses) builds without a database driver.
+//! The PostgreSQL code sits behind the `postgres` feature, the HTTP layer behind `axum` and
+//! each broker client behind its own feature, so the plain crate (keys, fingerprints, stored
+//! responses) builds without a database driver and a PostgreSQL-only user builds no broker
+//! client. Relays that fail over to each other under a Baton election, with Baton's fencing
+//! tokens as their fence, are the next part.
 //!
 //! # Invariants
 //!
@@ -65,6 +70,58 @@
 //! The inbox keeps one row per `(consumer, message_id)`, inserted with `ON CONFLICT DO NOTHING`
 //! in the consumer's transaction: the effect and the "seen" mark commit or roll back together,
 //! and a concurrent duplicate waits on the unique index for the first one's outcome.
+//!
+//! # The outbox and its relay
+//!
+//! Each outbox row records `seq` (a sequence, taken at insert) and `xid`, the enqueuing
+//! transaction's 64-bit id (`pg_current_xact_id()`, type `xid8`, which never wraps). The
+//! *outbox order* is `(xid, seq)`. These hold, each tested against real servers:
+//!
+//! 8. **A message exists if and only if its business transaction committed**: `enqueue`
+//!    takes the business transaction, and the relay sees only committed rows.
+//! 9. **No committed row is ever skipped or overtaken.** A sequence alone cannot say what is
+//!    safe to publish: sequence numbers are taken at insert but become visible at commit, so
+//!    transaction A can take `seq` 1, B take 2 and commit first, and a relay that publishes
+//!    "everything after the last `seq` I sent" moves past 1 before A commits — A's message
+//!    is skipped for ever (or, with per-row states, published after 2: out of order). The
+//!    relay therefore reads only rows whose `xid` is below the snapshot's `xmin`
+//!    (`pg_snapshot_xmin(pg_current_snapshot())`, the oldest transaction still running):
+//!    every transaction below that horizon has ended, so the set of rows below it is final —
+//!    no commit can add a row in front of one the relay has read. In the example, B's row
+//!    waits until A ends, then both go out, A's first. The cost: one long-running
+//!    transaction anywhere on the server (or a forgotten prepared one) holds every outbox
+//!    back until it ends; the lag gauges show it.
+//! 10. **Publishing is at least once; the effect is once.** A row is marked `sent` only after
+//!     the broker acknowledged it (JetStream's publish ack, RabbitMQ's publisher confirm for a
+//!     `mandatory`, persistent message), in a transaction of its own after the publishes. A
+//!     relay that dies between the ack and that commit leaves the rows pending and the next
+//!     round publishes them again under the same message id: JetStream drops the repeat within
+//!     its duplicate window (`Nats-Msg-Id`), and a consumer's [`pg::Inbox`] drops it anyway.
+//! 11. **Order per aggregate.** Messages of one aggregate are published in outbox order, each
+//!     only after the previous one of its aggregate was acknowledged (one chain per aggregate;
+//!     chains of different aggregates run concurrently). A message the broker refuses holds
+//!     its aggregate back — later ones wait through its backoff — until it is published or
+//!     becomes a dead letter; other aggregates go on. The outbox order is the order in which the
+//!     enqueuing transactions got their ids, then insert order within one transaction; for one
+//!     aggregate that is the business order when its transactions serialise on the aggregate
+//!     (the usual `SELECT … FOR UPDATE` of its row) with that lock as their first write. A
+//!     transaction that wrote something else first holds an older id and is ordered by it.
+//! 12. **A refused message ends visibly.** A refusal (no stream for the subject, returned as
+//!     unroutable, nacked, a missing exchange) counts an attempt and backs off exponentially
+//!     with jitter; after `max_attempts` the row's state is `dead` with the last error
+//!     ([`pg::Outbox::dead_letters`], [`pg::Outbox::requeue`]). An outage of the broker or the
+//!     database is not the message's fault and never counts: the relay waits and reconnects.
+//! 13. **Progress writes pass the fence.** Marking sent and counting attempts happen in one
+//!     transaction that first calls [`relay::Fence::check`]; a deposed relay's check fails and
+//!     its writes roll back. The default [`relay::NoFence`] accepts everything and is right only
+//!     for a single relay; with it, two relays never lose a message but may duplicate and
+//!     reorder.
+//!
+//! Metrics (the `metrics` crate, label `schema`): `baton_txn_outbox_pending_rows` (the lag),
+//! `baton_txn_outbox_oldest_pending_seconds`, `baton_txn_outbox_dead_rows`,
+//! `baton_txn_outbox_published_total`, `baton_txn_outbox_publish_failures_total{kind}`,
+//! `baton_txn_outbox_dead_lettered_total`, and `baton_txn_outbox_broker_duplicates_total`
+//! (JetStream's "duplicate" acks).
 
 #![warn(missing_docs)]
 
