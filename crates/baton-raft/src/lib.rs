@@ -13,15 +13,19 @@
 //! - `cluster`: `--initial-cluster` parsing and the deterministic member and cluster ids;
 //! - `network` (client) and `peer_server` (server): the peer transport, openraft's messages
 //!   and requests forwarded to the leader over the `baton.raft.v1.Raft` gRPC service;
-//!   `wire`: the bincode payloads of that service.
+//!   `wire`: the bincode payloads of that service; `forward`: the follower's batching of
+//!   what it forwards.
 //!
 //! # Followers
 //! Only the leader proposes, keeps the lease clock and can confirm a read index. [`Node`]'s
 //! methods therefore *route*: on the leader they run locally; on a follower they are sent to
-//! the leader as a `Forward` call (`LeaderRequest`) and the answer is unpacked. A request that
+//! the leader (`LeaderRequest`) and the answer is unpacked — batched with whatever else this
+//! member is forwarding at the time (`forward`: one `ForwardBatch` call, one answer per item),
+//! or alone in a `Forward` call for membership changes and publishing. A request that
 //! certainly did not reach a leader (refused connection, the leader had just lost leadership)
 //! is retried until `REQUEST_TIMEOUT`; a proposal that may have reached it is never resent
-//! (it could be applied twice) and fails with [`ProposeError::LeaderFailed`].
+//! (it could be applied twice) and fails with [`ProposeError::LeaderFailed`]. Batching keeps
+//! all of that per request: each item has its own answer, deadline and retry decision.
 //!
 //! On disk, under `data_dir`: `member.meta` (identity), `raft/vote`, `raft/wal/*.wal`,
 //! `snap/<term>-<index>.snap`.
@@ -30,6 +34,7 @@ mod cluster;
 mod deletions;
 mod env;
 mod files;
+mod forward;
 mod lease;
 mod membership;
 mod network;
@@ -71,6 +76,7 @@ pub use crate::env::{
     WallClock,
 };
 use crate::files::MemberMeta;
+use crate::forward::ForwardError;
 pub use crate::membership::{JoinError, MemberChanged, MemberError, REMOVED_MESSAGE};
 use crate::network::{Method, PeerError, PeerNetwork, Peers};
 use crate::proposer::Proposer;
@@ -297,6 +303,8 @@ struct Inner {
     raft: Raft,
     /// Channels to peers (shared with openraft's network), for forwarding to the leader.
     peers: Arc<Peers>,
+    /// Batches what this member forwards to the leader (see `forward`).
+    forwarder: Arc<forward::Forwarder>,
     /// Multi-member bootstrap: the ids derived from `--initial-cluster` and its state.
     initial: Option<(DerivedIds, InitialClusterState)>,
     shared: Arc<Shared>,
@@ -311,6 +319,9 @@ struct Inner {
     confirming: tokio::sync::Mutex<()>,
     /// Concurrent linearizable reads share ReadIndex rounds (see `shared_read_index`).
     read_rounds: parking_lot::Mutex<ReadRounds>,
+    /// The same for the ReadIndex rounds this member runs as leader for forwarded read
+    /// indexes and grant checks (see `shared_read_index_local`).
+    local_read_rounds: parking_lot::Mutex<ReadRounds>,
     /// `(term, index)`: the leader's last log index when it first served a ReadIndex in
     /// `term`; every read of the term waits for at least it (see `read_index_local`).
     read_floor: parking_lot::Mutex<Option<(u64, u64)>>,
@@ -623,6 +634,7 @@ impl Node {
                 member_id: member.member_id,
                 cluster_id: member.cluster_id,
                 raft,
+                forwarder: forward::Forwarder::new(peers.clone(), forward::Limits::default()),
                 peers,
                 initial,
                 shared,
@@ -634,6 +646,7 @@ impl Node {
                 confirming: tokio::sync::Mutex::new(()),
                 read_floor: parking_lot::Mutex::new(None),
                 read_rounds: parking_lot::Mutex::new(ReadRounds::default()),
+                local_read_rounds: parking_lot::Mutex::new(ReadRounds::default()),
                 transfer: transfer::TransferGate::new(),
                 dir_lock: parking_lot::Mutex::new(Some(dir_lock)),
                 rng: parking_lot::Mutex::new(rng),
@@ -974,9 +987,29 @@ impl Inner {
     /// round that starts after it arrived (never one already in flight), so the index is
     /// taken after the read arrived, as one round of its own would be.
     async fn shared_read_index(self: &Arc<Self>) -> Result<u64, ProposeError> {
+        self.join_read_round(false).await
+    }
+
+    /// [`Inner::shared_read_index`] for the leader's own half of forwarded ReadIndex and
+    /// grant checks: rounds that run `read_index_local` only (never routed: a member that
+    /// lost leadership must answer `NotLeader`, not ask the new leader), shared by every such
+    /// request arriving meanwhile. Followers batch their requests, so one batch may carry
+    /// many grant checks; a round each cost a heartbeat exchange each.
+    async fn shared_read_index_local(self: &Arc<Self>) -> Result<u64, ProposeError> {
+        self.join_read_round(true).await
+    }
+
+    async fn join_read_round(self: &Arc<Self>, local: bool) -> Result<u64, ProposeError> {
+        fn rounds(me: &Inner, local: bool) -> &parking_lot::Mutex<ReadRounds> {
+            if local {
+                &me.local_read_rounds
+            } else {
+                &me.read_rounds
+            }
+        }
         let (tx, rx) = tokio::sync::oneshot::channel();
         let start = {
-            let mut r = self.read_rounds.lock();
+            let mut r = rounds(self, local).lock();
             r.waiting.push(tx);
             !std::mem::replace(&mut r.running, true)
         };
@@ -985,14 +1018,18 @@ impl Inner {
             tokio::spawn(async move {
                 loop {
                     let waiting = {
-                        let mut r = me.read_rounds.lock();
+                        let mut r = rounds(&me, local).lock();
                         if r.waiting.is_empty() {
                             r.running = false;
                             return;
                         }
                         std::mem::take(&mut r.waiting)
                     };
-                    let res = me.read_index_round().await;
+                    let res = if local {
+                        me.read_index_local().await
+                    } else {
+                        me.read_index_round().await
+                    };
                     for w in waiting {
                         let _ = w.send(res.clone());
                     }
@@ -1200,6 +1237,7 @@ impl Inner {
             return Ok(Routed::Local(req));
         }
         let idempotent = req.is_idempotent();
+        let batched = req.is_batched();
         // Cannot fail in practice: requests are bounded (1.5 MiB) far below the peer limit.
         let payload = wire::encode(&req).map_err(|e| {
             ProposeError::Storage(format!("internal: cannot encode a forwarded request: {e}"))
@@ -1215,31 +1253,46 @@ impl Inner {
                 .get_node(&leader)
                 .cloned();
             let remaining = deadline.saturating_duration_since(Instant::now());
+            // One attempt: in the next batch to this leader (each item answered as a call of
+            // its own would be), or alone.
             let outcome = match node {
-                None => Err(PeerError::Unreachable {
+                None => Err(ForwardError::Peer(PeerError::Unreachable {
                     target: leader,
                     reason: "not in the membership".into(),
-                }),
-                Some(node) => {
-                    self.peers
-                        .call(leader, &node, Method::Forward, payload.clone(), remaining)
+                })),
+                Some(node) if batched => {
+                    self.forwarder
+                        .forward(leader, node, payload.clone(), deadline)
                         .await
                 }
+                Some(node) => self
+                    .peers
+                    .call(leader, &node, Method::Forward, payload.clone(), remaining)
+                    .await
+                    .and_then(|bytes| {
+                        wire::decode::<LeaderResponse>(&bytes).map_err(|e| PeerError::Failed {
+                            target: leader,
+                            reason: e.to_string(),
+                        })
+                    })
+                    .map_err(ForwardError::Peer),
             };
             let retry_reason = match outcome {
-                Ok(bytes) => match wire::decode::<LeaderResponse>(&bytes) {
-                    // The callee was not (or no longer) the leader: it did nothing.
-                    Ok(LeaderResponse::Failed(
-                        e @ (ProposeError::NotLeader { .. } | ProposeError::NoLeader),
-                    )) => e.to_string(),
-                    Ok(LeaderResponse::Failed(e)) => return Err(e),
-                    Ok(resp) => return Ok(Routed::Remote(resp)),
-                    Err(e) if idempotent => e.to_string(),
-                    Err(e) => return Err(ProposeError::LeaderFailed(e.to_string())),
-                },
-                Err(e) if e.not_delivered() || idempotent => e.to_string(),
-                Err(PeerError::Timeout { .. }) => return Err(ProposeError::Timeout),
-                Err(e) => return Err(ProposeError::LeaderFailed(e.to_string())),
+                // The callee was not (or no longer) the leader: it did nothing.
+                Ok(LeaderResponse::Failed(
+                    e @ (ProposeError::NotLeader { .. } | ProposeError::NoLeader),
+                )) => e.to_string(),
+                Ok(LeaderResponse::Failed(e)) => return Err(e),
+                Ok(resp) => return Ok(Routed::Remote(resp)),
+                // Refused before sending: too much is queued for the leader already.
+                Err(ForwardError::QueueFull) => return Err(ProposeError::TooManyRequests),
+                Err(ForwardError::Peer(e)) if e.not_delivered() || idempotent => e.to_string(),
+                Err(ForwardError::Peer(PeerError::Timeout { .. })) => {
+                    return Err(ProposeError::Timeout)
+                }
+                Err(ForwardError::Peer(e)) => {
+                    return Err(ProposeError::LeaderFailed(e.to_string()))
+                }
             };
             tracing::debug!(leader = format_args!("{leader:x}"), reason = %retry_reason, "forwarding to the leader failed; retrying");
             self.check_running()?;
@@ -1417,8 +1470,13 @@ impl Inner {
 
     /// The leader's half of [`Node::confirm_grant`]: leadership first, then the lease clock
     /// (a lease judged alive by a leader that has just confirmed it still leads).
-    async fn grant_check_local(&self, lease: LeaseId) -> Result<(u64, bool), ProposeError> {
-        let index = self.read_index_local().await?;
+    async fn grant_check_local(
+        self: &Arc<Self>,
+        lease: LeaseId,
+    ) -> Result<(u64, bool), ProposeError> {
+        // A round that started after this check arrived confirms leadership as one of its
+        // own would; concurrent checks (a follower's batch, many locks) share it.
+        let index = self.shared_read_index_local().await?;
         let exists = self.shared.state.read().sm.lease_exists(lease);
         let alive = exists
             && self
@@ -1489,17 +1547,11 @@ impl Inner {
     /// hop twice.
     async fn serve_leader_request(self: &Arc<Self>, req: LeaderRequest) -> LeaderResponse {
         let res = match req {
-            LeaderRequest::Propose(command) => self.propose(command).await.map(|p| {
-                LeaderResponse::Proposed(ForwardedProposal {
-                    revision: p.applied.revision,
-                    response: p.applied.response,
-                    raft_term: p.raft_term,
-                    raft_index: p.raft_index,
-                })
-            }),
-            LeaderRequest::ReadIndex => {
-                self.read_index_local().await.map(LeaderResponse::ReadIndex)
-            }
+            LeaderRequest::Propose(command) => self.propose(command).await.map(forwarded),
+            LeaderRequest::ReadIndex => self
+                .shared_read_index_local()
+                .await
+                .map(LeaderResponse::ReadIndex),
             LeaderRequest::KeepAlive(id) => self
                 .keep_alive_confirmed(id)
                 .await
@@ -1528,6 +1580,59 @@ impl Inner {
             }
         };
         res.unwrap_or_else(LeaderResponse::Failed)
+    }
+
+    /// Serves a follower's batch of forwarded requests: every item as
+    /// [`Inner::serve_leader_request`] would serve it alone, all at once, the proposals handed
+    /// to the proposer together (one Raft entry for the batch, not one per proposer wake-up).
+    /// One answer per item, in order.
+    async fn serve_leader_batch(self: &Arc<Self>, reqs: Vec<LeaderRequest>) -> Vec<LeaderResponse> {
+        let n = reqs.len();
+        let mut proposal_at = Vec::new();
+        let mut commands = Vec::new();
+        let mut others = Vec::new();
+        for (i, req) in reqs.into_iter().enumerate() {
+            match req {
+                LeaderRequest::Propose(command) => {
+                    proposal_at.push(i);
+                    commands.push(command);
+                }
+                other => others.push((i, other)),
+            }
+        }
+        let proposals = async {
+            if commands.is_empty() {
+                Vec::new()
+            } else {
+                self.propose_many(commands).await
+            }
+        };
+        let served = futures::future::join_all(
+            others
+                .into_iter()
+                .map(|(i, req)| async move { (i, self.serve_leader_request(req).await) }),
+        );
+        let (proposed, served) = futures::join!(proposals, served);
+        let mut out: Vec<Option<LeaderResponse>> = (0..n).map(|_| None).collect();
+        for (i, res) in proposal_at.into_iter().zip(proposed) {
+            out[i] = Some(res.map(forwarded).unwrap_or_else(LeaderResponse::Failed));
+        }
+        for (i, resp) in served {
+            out[i] = Some(resp);
+        }
+        out.into_iter()
+            .map(|r| r.expect("every item is answered"))
+            .collect()
+    }
+
+    /// [`Inner::propose`] for several commands at once (in one Raft entry unless the
+    /// proposer's batch limits cut between them); one result each, in order.
+    async fn propose_many(&self, commands: Vec<Command>) -> Vec<Result<Proposed, ProposeError>> {
+        if let Err(e) = self.check_running() {
+            return commands.iter().map(|_| Err(e.clone())).collect();
+        }
+        self.wait_transfer(Instant::now() + REQUEST_TIMEOUT).await;
+        self.proposer.propose_many(commands).await
     }
 
     /// One round of publishing this member's name and client URLs into the membership:
@@ -1721,6 +1826,16 @@ fn lease_remaining_s(shared: &Shared, id: LeaseId) -> Option<i64> {
         info.checkpoint_remaining_ms
             .map_or(info.granted_ttl_s, |ms| ms.max(0) / 1000),
     )
+}
+
+/// A leader's proposal outcome as sent back to the follower that forwarded it.
+fn forwarded(p: Proposed) -> LeaderResponse {
+    LeaderResponse::Proposed(ForwardedProposal {
+        revision: p.applied.revision,
+        response: p.applied.response,
+        raft_term: p.raft_term,
+        raft_index: p.raft_index,
+    })
 }
 
 /// Where [`Inner::route`] sent a request.

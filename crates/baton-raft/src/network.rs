@@ -52,6 +52,7 @@ pub(crate) enum Method {
     Vote,
     InstallSnapshot,
     Forward,
+    ForwardBatch,
     TimeoutNow,
 }
 
@@ -205,6 +206,7 @@ impl Peers {
                 Method::Vote => client.vote(msg).await,
                 Method::InstallSnapshot => client.install_snapshot(msg).await,
                 Method::Forward => client.forward(msg).await,
+                Method::ForwardBatch => client.forward_batch(msg).await,
                 Method::TimeoutNow => client.timeout_now(msg).await,
             }
         };

@@ -1,9 +1,10 @@
 //! Peer transport, server side: the `baton.raft.v1.Raft` service on `--listen-peer-urls`.
 //!
 //! Each handler checks the envelope (cluster and member), decodes the bincode payload, hands
-//! it to openraft (or, for `Forward`, to the replica's leader-side handlers) and encodes the
-//! result, errors included: openraft's and the replica's errors travel inside a successful
-//! gRPC response, so a gRPC error always means the transport or the envelope failed.
+//! it to openraft (or, for `Forward` and `ForwardBatch`, to the replica's leader-side
+//! handlers) and encodes the result, errors included: openraft's and the replica's errors
+//! travel inside a successful gRPC response, so a gRPC error always means the transport or
+//! the envelope failed.
 
 use std::net::SocketAddr;
 use std::sync::Weak;
@@ -17,8 +18,8 @@ use tonic::{Request, Response, Status};
 use crate::env::{PeerIncoming, PeerTransport};
 use crate::membership::{JoinRequest, REMOVED_MESSAGE};
 use crate::types::{Raft, TypeConfig};
-use crate::wire::{self, LeaderRequest, MAX_PEER_MESSAGE_BYTES};
-use crate::{Inner, StartError};
+use crate::wire::{self, LeaderRequest, LeaderResponse, MAX_PEER_MESSAGE_BYTES};
+use crate::{Inner, ProposeError, StartError};
 
 /// Concurrent calls per peer connection. Peers make a handful (one replication stream, votes,
 /// ReadIndex heartbeats, forwarded requests bounded by their clients); the bound keeps a
@@ -109,6 +110,44 @@ impl RaftService for PeerService {
         };
         let resp = inner.serve_leader_request(req).await;
         self.reply(from, &resp)
+    }
+
+    async fn forward_batch(
+        &self,
+        request: Request<PeerMessage>,
+    ) -> Result<Response<PeerMessage>, Status> {
+        let (from, payload) = self.open(request)?;
+        self.refuse_removed(from)?;
+        let reqs: Vec<LeaderRequest> = decode(&payload)?;
+        let Some(inner) = self.node.upgrade() else {
+            return Err(Status::unavailable("baton: member is shutting down"));
+        };
+        let resps = inner.serve_leader_batch(reqs).await;
+        // Each answer on its own, so one too large for a peer message fails alone (as it
+        // would in a `Forward` of its own) instead of taking the batch's answers with it. The
+        // last MiB is left for such refusals (a batch has at most 1024 items).
+        let budget = MAX_PEER_MESSAGE_BYTES - (1 << 20);
+        let mut total = 8usize;
+        let encoded: Vec<Vec<u8>> = resps
+            .iter()
+            .map(|r| {
+                let bytes = wire::encode(r).ok().filter(|b| total + b.len() <= budget);
+                let bytes = bytes.unwrap_or_else(|| {
+                    let e =
+                        ProposeError::LeaderFailed("answer above the peer message limit".into());
+                    wire::encode(&LeaderResponse::Failed(e)).expect("small")
+                });
+                total += bytes.len();
+                bytes
+            })
+            .collect();
+        let payload = wire::encode_concatenated(encoded.iter().map(Vec::as_slice));
+        Ok(Response::new(PeerMessage {
+            cluster_id: self.cluster_id,
+            from: self.me,
+            to: from,
+            payload,
+        }))
     }
 
     async fn members(

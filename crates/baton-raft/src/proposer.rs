@@ -11,6 +11,7 @@
 //! The same task is also the only place that stamps time, so stamps enter the log in order and
 //! `Entry::time_ms` never goes backwards.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,8 +57,16 @@ impl Queued {
     }
 }
 
+/// What callers put in the channel: one proposal, or several that must reach the proposer
+/// together (a follower's forwarded batch) so they land in the same Raft entry rather than be
+/// split by the proposer task waking between two of them.
+enum Submitted {
+    One(Pending),
+    Many(Vec<Pending>),
+}
+
 pub(crate) struct Proposer {
-    tx: mpsc::UnboundedSender<Pending>,
+    tx: mpsc::UnboundedSender<Submitted>,
     queued: Arc<Queued>,
     shutting_down: Arc<AtomicBool>,
     timeout: Duration,
@@ -102,6 +111,60 @@ impl Proposer {
     }
 
     pub(crate) async fn propose(&self, command: Command) -> Result<Proposed, ProposeError> {
+        let (pending, rx) = self.admit(command)?;
+        let bytes = pending.bytes;
+        self.tx.send(Submitted::One(pending)).map_err(|_| {
+            self.queued.take(bytes);
+            ProposeError::ShuttingDown
+        })?;
+        self.answer(rx).await
+    }
+
+    /// Proposes `commands` together: queued at once, in order, so they share a Raft entry
+    /// unless the batch limits cut between them. One result per command, in order; each
+    /// command is admitted (queue bounds) on its own.
+    pub(crate) async fn propose_many(
+        &self,
+        commands: Vec<Command>,
+    ) -> Vec<Result<Proposed, ProposeError>> {
+        let mut pendings = Vec::with_capacity(commands.len());
+        let mut waits = Vec::with_capacity(commands.len());
+        for command in commands {
+            match self.admit(command) {
+                Ok((pending, rx)) => {
+                    pendings.push(pending);
+                    waits.push(Ok(rx));
+                }
+                Err(e) => waits.push(Err(e)),
+            }
+        }
+        let mut sent = true;
+        if !pendings.is_empty() {
+            let bytes: usize = pendings.iter().map(|p| p.bytes).sum();
+            let count = pendings.len();
+            if self.tx.send(Submitted::Many(pendings)).is_err() {
+                self.queued.commands.fetch_sub(count, Ordering::AcqRel);
+                self.queued.bytes.fetch_sub(bytes, Ordering::AcqRel);
+                sent = false;
+            }
+        }
+        let answers = waits.into_iter().map(|w| async move {
+            match w {
+                Err(e) => Err(e),
+                Ok(_) if !sent => Err(ProposeError::ShuttingDown),
+                Ok(rx) => self.answer(rx).await,
+            }
+        });
+        futures::future::join_all(answers).await
+    }
+
+    /// Counts `command` into the queue bounds (refusing it if they are reached) and makes
+    /// its answer channel.
+    #[allow(clippy::type_complexity)]
+    fn admit(
+        &self,
+        command: Command,
+    ) -> Result<(Pending, oneshot::Receiver<Result<Proposed, ProposeError>>), ProposeError> {
         let bytes = bincode::serialized_size(&command).map_or(usize::MAX, |b| b as usize);
         let commands = self.queued.commands.fetch_add(1, Ordering::AcqRel);
         let queued_bytes = self.queued.bytes.fetch_add(bytes, Ordering::AcqRel);
@@ -112,16 +175,20 @@ impl Proposer {
             return Err(ProposeError::TooManyRequests);
         }
         let (done, rx) = oneshot::channel();
-        self.tx
-            .send(Pending {
+        Ok((
+            Pending {
                 command,
                 bytes,
                 done,
-            })
-            .map_err(|_| {
-                self.queued.take(bytes);
-                ProposeError::ShuttingDown
-            })?;
+            },
+            rx,
+        ))
+    }
+
+    async fn answer(
+        &self,
+        rx: oneshot::Receiver<Result<Proposed, ProposeError>>,
+    ) -> Result<Proposed, ProposeError> {
         match tokio::time::timeout(self.timeout, rx).await {
             Err(_) => Err(ProposeError::Timeout),
             // The batch was dropped without an answer: shutdown, or Raft lost it mid-way.
@@ -132,7 +199,7 @@ impl Proposer {
 }
 
 async fn run(
-    mut rx: mpsc::UnboundedReceiver<Pending>,
+    mut rx: mpsc::UnboundedReceiver<Submitted>,
     queued: Arc<Queued>,
     raft: Raft,
     shared: Arc<Shared>,
@@ -142,32 +209,39 @@ async fn run(
 ) {
     let in_flight = Arc::new(Semaphore::new(MAX_BATCHES_IN_FLIGHT));
     let mut last_stamp_ms = shared.state.read().sm.last_time_ms();
-    let mut carry: Option<Pending> = None;
+    // Taken from the channel but not yet into a batch (the rest of a `Many` that did not
+    // fit, or a proposal that did not); still counted in `queued`.
+    let mut backlog: VecDeque<Pending> = VecDeque::new();
+    let push = |backlog: &mut VecDeque<Pending>, s: Submitted| match s {
+        Submitted::One(p) => backlog.push_back(p),
+        Submitted::Many(ps) => backlog.extend(ps),
+    };
     loop {
         let permit = in_flight
             .clone()
             .acquire_owned()
             .await
             .expect("semaphore never closed");
-        let first = match carry.take() {
-            Some(p) => p,
-            None => match rx.recv().await {
-                Some(p) => {
-                    queued.take(p.bytes);
-                    p
-                }
+        if backlog.is_empty() {
+            match rx.recv().await {
+                Some(s) => push(&mut backlog, s),
                 None => return,
-            },
-        };
-        let mut bytes = first.bytes;
-        let mut batch = vec![first];
+            }
+        }
+        let mut bytes = 0usize;
+        let mut batch = Vec::new();
         while batch.len() < MAX_BATCH_COMMANDS {
-            let Ok(p) = rx.try_recv() else { break };
-            queued.take(p.bytes);
-            if bytes.saturating_add(p.bytes) > MAX_BATCH_BYTES {
-                carry = Some(p);
+            if backlog.is_empty() {
+                let Ok(s) = rx.try_recv() else { break };
+                push(&mut backlog, s);
+            }
+            let Some(p) = backlog.front() else { break };
+            // The first always goes (a command alone is below the entry limit).
+            if !batch.is_empty() && bytes.saturating_add(p.bytes) > MAX_BATCH_BYTES {
                 break;
             }
+            let p = backlog.pop_front().expect("front exists");
+            queued.take(p.bytes);
             bytes += p.bytes;
             batch.push(p);
         }

@@ -3,7 +3,9 @@
 //! decoder allocate without bound.
 //!
 //! openraft's own messages (append, vote, snapshot chunks) are encoded as openraft defines
-//! them. Requests forwarded to the leader are [`LeaderRequest`] / [`LeaderResponse`].
+//! them. Requests forwarded to the leader are [`LeaderRequest`] / [`LeaderResponse`]: one
+//! each in a `Forward` call, or a `Vec` of each (same length, same order) in a `ForwardBatch`
+//! call (see `forward`).
 
 use baton_core::{Command, LeaseId, Response, Revision};
 use bincode::Options;
@@ -52,6 +54,23 @@ pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, WireError> 
         .map_err(|e| WireError::Invalid(e.to_string()))
 }
 
+/// The encoding of a `Vec<T>` from the encodings of its elements (`ForwardBatch` sends
+/// requests that were each encoded once when first forwarded, and may be resent). With
+/// fixint encoding bincode writes a sequence as its length (u64, little-endian) followed by
+/// the elements, so the receiver decodes the result as a plain `Vec<T>` (pinned by a test).
+pub(crate) fn encode_concatenated<'a>(
+    items: impl ExactSizeIterator<Item = &'a [u8]> + Clone,
+) -> Vec<u8> {
+    let len = items.len() as u64;
+    let bytes: usize = items.clone().map(<[u8]>::len).sum();
+    let mut out = Vec::with_capacity(8 + bytes);
+    out.extend_from_slice(&len.to_le_bytes());
+    for item in items {
+        out.extend_from_slice(item);
+    }
+    out
+}
+
 /// A request only the leader can serve, forwarded by a follower.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) enum LeaderRequest {
@@ -82,6 +101,19 @@ impl LeaderRequest {
         !matches!(
             self,
             LeaderRequest::Propose(_) | LeaderRequest::ChangeMembers(_)
+        )
+    }
+}
+
+impl LeaderRequest {
+    /// Whether it travels in a `ForwardBatch` (see `forward`). Membership changes and
+    /// publishing go alone in a `Forward`: they are rare, and may take the leader seconds
+    /// (joint consensus, a learner catching up) — a batch is answered when its slowest item
+    /// is done, so they would hold up every request batched with them.
+    pub(crate) fn is_batched(&self) -> bool {
+        !matches!(
+            self,
+            LeaderRequest::Publish { .. } | LeaderRequest::ChangeMembers(_)
         )
     }
 }
@@ -149,6 +181,29 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn concatenated_encodings_decode_as_a_vec() {
+        let reqs = [
+            LeaderRequest::ReadIndex,
+            LeaderRequest::KeepAlive(LeaseId(5)),
+            LeaderRequest::Propose(Command::LeaseRevoke { id: LeaseId(9) }),
+        ];
+        let each: Vec<Vec<u8>> = reqs.iter().map(|r| encode(r).unwrap()).collect();
+        let joined = encode_concatenated(each.iter().map(Vec::as_slice));
+        assert_eq!(joined, encode(&reqs.as_slice()).unwrap());
+        let back: Vec<LeaderRequest> = decode(&joined).unwrap();
+        assert!(matches!(
+            back.as_slice(),
+            [
+                LeaderRequest::ReadIndex,
+                LeaderRequest::KeepAlive(LeaseId(5)),
+                LeaderRequest::Propose(Command::LeaseRevoke { id: LeaseId(9) })
+            ]
+        ));
+        let empty: Vec<LeaderRequest> = decode(&encode_concatenated([].iter().copied())).unwrap();
+        assert!(empty.is_empty());
     }
 
     #[test]
