@@ -1238,6 +1238,7 @@ impl Inner {
         }
         let idempotent = req.is_idempotent();
         let batched = req.is_batched();
+        let may_linger = matches!(req, LeaderRequest::KeepAlive(_));
         // Cannot fail in practice: requests are bounded (1.5 MiB) far below the peer limit.
         let payload = wire::encode(&req).map_err(|e| {
             ProposeError::Storage(format!("internal: cannot encode a forwarded request: {e}"))
@@ -1262,7 +1263,7 @@ impl Inner {
                 })),
                 Some(node) if batched => {
                     self.forwarder
-                        .forward(leader, node, payload.clone(), deadline)
+                        .forward(leader, node, payload.clone(), deadline, may_linger)
                         .await
                 }
                 Some(node) => self

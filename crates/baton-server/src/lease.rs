@@ -10,12 +10,50 @@ use std::pin::Pin;
 use baton_core::{Command, KvError, LeaseId, Response, MAX_LEASE_TTL_S};
 use baton_proto::etcdserverpb as pb;
 use baton_raft::KeepAlive;
+use std::future::Future;
+
+use futures::stream::FuturesOrdered;
 use futures::{Stream, StreamExt};
 use tonic::{Request, Status, Streaming};
 
 use crate::errors::{kv_status, propose_status};
 use crate::kv::unexpected;
 use crate::Shared;
+
+/// Keep-alives of one stream renewed at once, at most.
+const KEEP_ALIVES_IN_FLIGHT: usize = 256;
+
+type Renewal = Pin<Box<dyn Future<Output = Result<pb::LeaseKeepAliveResponse, Status>> + Send>>;
+
+/// The state of one `LeaseKeepAlive` stream: requests still to come and renewals in flight.
+struct KeepAliveStream {
+    inbound: Option<Streaming<pb::LeaseKeepAliveRequest>>,
+    pending: FuturesOrdered<Renewal>,
+    shared: Shared,
+}
+
+/// Renews one lease and builds its answer (etcd's: `ttl` 0 for a lease that is gone).
+async fn renew(shared: Shared, id: i64) -> Result<pb::LeaseKeepAliveResponse, Status> {
+    // The header is taken before the renewal so a keep-alive can never look newer than a
+    // revoke it raced with (etcd does the same).
+    let header = shared.header();
+    match shared.node.renew_lease(LeaseId(id)).await {
+        Ok(KeepAlive::Renewed { ttl_s }) => Ok(pb::LeaseKeepAliveResponse {
+            header: Some(header),
+            id,
+            ttl: ttl_s,
+        }),
+        Ok(KeepAlive::NotFound) => Ok(pb::LeaseKeepAliveResponse {
+            header: Some(header),
+            id,
+            ttl: 0,
+        }),
+        Err(e) => {
+            metrics::counter!("baton_lease_renewal_failures_total").increment(1);
+            Err(propose_status(&e))
+        }
+    }
+}
 
 /// The Lease service.
 pub struct LeaseService {
@@ -97,33 +135,44 @@ impl pb::lease_server::Lease for LeaseService {
         // and the extra task's wake-up per keep-alive (a futex and often a thread switch) was
         // a large share of the cost. A client that stops reading responses stalls only its
         // own stream, through HTTP/2 flow control.
-        let stream =
-            futures::stream::unfold(Some((inbound, self.shared.clone())), |state| async move {
-                let (mut inbound, shared) = state?;
-                let req = inbound.next().await?.ok()?;
-                // The header is taken before the renewal so a keep-alive can never look
-                // newer than a revoke it raced with (etcd does the same).
-                let header = shared.header();
-                let reply = match shared.node.renew_lease(LeaseId(req.id)).await {
-                    Ok(KeepAlive::Renewed { ttl_s }) => Ok(pb::LeaseKeepAliveResponse {
-                        header: Some(header),
-                        id: req.id,
-                        ttl: ttl_s,
-                    }),
-                    Ok(KeepAlive::NotFound) => Ok(pb::LeaseKeepAliveResponse {
-                        header: Some(header),
-                        id: req.id,
-                        ttl: 0,
-                    }),
-                    Err(e) => {
-                        metrics::counter!("baton_lease_renewal_failures_total").increment(1);
-                        Err(propose_status(&e))
-                    }
+        //
+        // Requests of one stream are renewed concurrently (up to `KEEP_ALIVES_IN_FLIGHT`),
+        // answered in order: on a follower each renewal is a trip to the leader, batched with
+        // other keep-alives after a short linger (`baton_raft` forwarding), and one at a time
+        // a stream could renew only a few hundred leases a second.
+        let state = KeepAliveStream {
+            inbound: Some(inbound),
+            pending: FuturesOrdered::new(),
+            shared: self.shared.clone(),
+        };
+        let stream = futures::stream::unfold(Some(state), |state| async move {
+            let mut st = state?;
+            loop {
+                let room = st.pending.len() < KEEP_ALIVES_IN_FLIGHT;
+                let reply = match (&mut st.inbound, room) {
+                    (Some(inbound), true) => tokio::select! {
+                        biased;
+                        Some(reply) = st.pending.next(), if !st.pending.is_empty() => reply,
+                        req = inbound.next() => {
+                            match req {
+                                Some(Ok(req)) => {
+                                    let renewal = renew(st.shared.clone(), req.id);
+                                    st.pending.push_back(Box::pin(renewal));
+                                }
+                                // The client closed its side (or broke it): answer what
+                                // is pending, then end.
+                                _ => st.inbound = None,
+                            }
+                            continue;
+                        }
+                    },
+                    _ => st.pending.next().await?,
                 };
                 // An error ends the stream after it is sent.
-                let next = reply.is_ok().then_some((inbound, shared));
-                Some((reply, next))
-            });
+                let next = reply.is_ok().then_some(st);
+                return Some((reply, next));
+            }
+        });
         Ok(tonic::Response::new(Box::pin(stream)))
     }
 
