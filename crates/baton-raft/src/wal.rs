@@ -1363,7 +1363,7 @@ impl LogStore {
         self.sink.send(op)
     }
 
-    fn record(&mut self, rec: RecordRef<'_>) -> Result<(), StorageError> {
+    fn record(&mut self, rec: RecordRef<'_>) -> Result<(), LogError> {
         let mut bytes = Vec::new();
         self.encode_unwritten_committed(&mut bytes);
         encode_record(&mut bytes, &rec);
@@ -1376,7 +1376,7 @@ impl LogStore {
         &mut self,
         entries: Vec<RaftEntry>,
         callback: Option<LogFlushed<TypeConfig>>,
-    ) -> Result<(), StorageError> {
+    ) -> Result<(), LogError> {
         if entries.is_empty() {
             if let Some(callback) = callback {
                 callback.log_io_completed(Ok(()));
@@ -1400,7 +1400,10 @@ impl LogStore {
             .zip(locs)
             .map(|((e, b), l)| (e, b, l))
             .collect();
-        self.mem.write().append(located, true).map_err(write_err)?;
+        self.mem
+            .write()
+            .append(located, true)
+            .map_err(LogError::Write)?;
         self.send(Op::Append {
             bytes,
             entries: n,
@@ -1423,17 +1426,17 @@ impl LogStore {
     /// Starts a new generation once enough of the file is dead (see the module docs). The
     /// live entries are read back (verified) and re-encoded; this runs right after a purge,
     /// when the live log is short.
-    fn maybe_rewrite(&mut self) -> Result<(), StorageError> {
+    fn maybe_rewrite(&mut self) -> Result<(), LogError> {
         let plan = {
             let mem = self.mem.read();
             let dead = self.file_bytes.saturating_sub(mem.live_bytes);
             if dead < RECLAIM_MIN_BYTES.max(mem.live_bytes) {
                 return Ok(());
             }
-            mem.plan(..).map_err(read_err)?
+            mem.plan(..).map_err(LogError::Read)?
         };
         // Only this task changes the log, so it cannot change between the plan and here.
-        let entries = fetch(plan).map_err(read_err)?;
+        let entries = fetch(plan).map_err(LogError::Read)?;
         let generation = self.generation + 1;
         let bytes = {
             let mut mem = self.mem.write();
@@ -1447,6 +1450,30 @@ impl LogStore {
         // The new generation holds just the rewrite.
         self.file_bytes = len;
         Ok(())
+    }
+}
+
+/// Errors of the log store's own helpers, kept small (openraft's error is over 200 bytes) and
+/// converted at the trait boundary.
+enum LogError {
+    Stopped,
+    Read(String),
+    Write(String),
+}
+
+impl From<WriterStopped> for LogError {
+    fn from(_: WriterStopped) -> Self {
+        LogError::Stopped
+    }
+}
+
+impl From<LogError> for StorageError {
+    fn from(e: LogError) -> Self {
+        match e {
+            LogError::Stopped => WriterStopped.into(),
+            LogError::Read(msg) => read_err(msg),
+            LogError::Write(msg) => write_err(msg),
+        }
     }
 }
 
@@ -1545,7 +1572,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = RaftEntry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        self.append_entries(entries.into_iter().collect(), Some(callback))
+        Ok(self.append_entries(entries.into_iter().collect(), Some(callback))?)
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
@@ -1870,11 +1897,7 @@ mod tests {
         for e in entries {
             store.append_entries(vec![e.clone()], None).ok().unwrap();
         }
-        store
-            .save_vote(&Vote::new(1, 1))
-            .await
-            .ok()
-            .expect("vote saved");
+        store.save_vote(&Vote::new(1, 1)).await.expect("vote saved");
         store.evict();
     }
 
