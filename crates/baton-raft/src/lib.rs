@@ -269,13 +269,13 @@ const PUBLISH_RETRY_MIN: Duration = Duration::from_millis(100);
 const PUBLISH_RETRY_MAX: Duration = Duration::from_secs(2);
 /// Lease clock resolution: a lease expires at most this much after its deadline.
 const LEASE_TICK: Duration = Duration::from_millis(100);
-/// A snapshot is also taken once the in-memory log since the last one holds this many bytes
-/// (encoded), or as many as the last snapshot if that is more. The entry count alone
-/// (`snapshot_every_entries`) does not bound memory: the proposer packs hundreds of commands
-/// into one entry under load, so 10 000 entries were a million 256-byte puts, all of them
-/// held in memory a second time next to the store (about 40 MB of the 117 MB RSS at 100k
-/// keys). Growing the bound with the snapshot keeps the cost amortized: the snapshots
-/// written never add up to more than about twice the log written.
+/// A snapshot is also taken once the log since the last one holds this many bytes (encoded),
+/// or as many as the last snapshot if that is more. The entry count alone
+/// (`snapshot_every_entries`) does not bound the log: the proposer packs hundreds of commands
+/// into one entry under load, so 10 000 entries were a million 256-byte puts. (The log's
+/// entries no longer stay in memory — see `wal.rs` — so this bounds the log file and a
+/// restart's re-apply.) Growing the bound with the snapshot keeps the cost amortized: the
+/// snapshots written never add up to more than about twice the log written.
 const SNAPSHOT_LOG_MIN_BYTES: u64 = 16 << 20;
 /// A gap between two lease ticks longer than this means the leader stalled (paused, starved,
 /// stuck): the gap is added to every deadline before anything is expired (etcd#15247).

@@ -15,8 +15,20 @@
 //! temporary file, fsynced, renamed, directory fsynced) and older generations are deleted. The
 //! rewrite copies only live entries (those after the last snapshot), so the file stays below
 //! about twice the live log plus `RECLAIM_MIN_BYTES`, and the copying costs at most as many
-//! bytes as were reclaimed (amortized write amplification ≤ 2). Because a generation appears
+//! bytes as were reclaimed (amortized write amplification ≤ 2). A rewrite reads the live entries
+//! back from the file (checked) to re-encode them; it follows a purge, when few are live. Because a generation appears
 //! atomically and complete, recovery never has to stitch several files together.
+//!
+//! # What stays in memory
+//! Per entry only its id, size and position (generation, record offset and length, slot in
+//! the record); the entries themselves only while they are among the newest
+//! ([`CACHE_BYTES`]) or not yet durable. Older entries (a lagging follower's replication, the
+//! re-apply after a restart) are read back from the file, and every record read back is
+//! checked like recovery checks it (length, CRC, decoding, the expected entry id). Durable
+//! bytes of a generation are never overwritten (records are only appended, and a rewrite
+//! writes a new file), and a reader holds an open handle, so a location stays valid for as
+//! long as its entry is live. A rewrite moves every live entry into the new generation: they
+//! are kept in memory until that generation is durable, then read from it.
 //!
 //! # Group commit
 //! `append` updates the in-memory log (readable at once, as openraft requires), encodes the
@@ -41,10 +53,10 @@
 //! log (index gaps, terms going backwards, purges going backwards), mean the file is corrupt:
 //! start is refused with `StartError::CorruptLog`. Serving a log with a hole would be worse.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::ops::RangeBounds;
+use std::ops::{Bound, RangeBounds};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -68,8 +80,10 @@ const RECORD_HEADER_BYTES: usize = 8;
 /// `MAX_REQUEST_BYTES` (1.5 MiB) plus overhead, and entries records are split well below this.
 const MAX_RECORD_BYTES: usize = 64 << 20;
 /// Entries records are split at about this size so one huge append does not make one huge
-/// record (recovery reads records whole).
-const RECORD_TARGET_BYTES: u64 = 4 << 20;
+/// record: recovery reads records whole, and so does reading one entry back (which decodes
+/// its whole record), so a rewrite packing thousands of entries per record would make every
+/// single-entry read decode them all.
+const RECORD_TARGET_BYTES: u64 = 256 << 10;
 /// Rewrite the log once at least this many bytes are dead (and at least as many as are live).
 const RECLAIM_MIN_BYTES: u64 = 4 << 20;
 /// Log files grow in steps of this size, allocated ahead with fallocate(2). An fdatasync
@@ -132,9 +146,18 @@ fn encode_record(out: &mut Vec<u8>, rec: &RecordRef<'_>) {
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
 
-/// Encodes entries as one or more `Entries` records of about `RECORD_TARGET_BYTES` each.
-fn encode_entries(out: &mut Vec<u8>, entries: &[RaftEntry], sizes: &[u64]) {
+/// Encodes entries as one or more `Entries` records of about `RECORD_TARGET_BYTES` each and
+/// returns where each entry lands, given that `out[0]` will be at offset `base` of
+/// `generation`.
+fn encode_entries(
+    out: &mut Vec<u8>,
+    entries: &[RaftEntry],
+    sizes: &[u64],
+    generation: u64,
+    base: u64,
+) -> Vec<Loc> {
     debug_assert_eq!(entries.len(), sizes.len());
+    let mut locs = Vec::with_capacity(entries.len());
     let mut start = 0;
     while start < entries.len() {
         let mut end = start;
@@ -143,9 +166,18 @@ fn encode_entries(out: &mut Vec<u8>, entries: &[RaftEntry], sizes: &[u64]) {
             bytes += sizes[end];
             end += 1;
         }
+        let offset = out.len();
         encode_record(out, &RecordRef::Entries(&entries[start..end]));
+        let len = u32::try_from(out.len() - offset).expect("records are far below 4 GiB");
+        locs.extend((0..end - start).map(|slot| Loc {
+            generation,
+            offset: base + offset as u64,
+            len,
+            slot: slot as u32,
+        }));
         start = end;
     }
+    locs
 }
 
 /// Parses the record at `pos`: the record and the offset after it, or why it is not valid.
@@ -183,35 +215,90 @@ fn find_valid_record_after(bytes: &[u8], from: usize) -> Option<usize> {
         .find(|&off| parse_record(bytes, off).is_ok())
 }
 
-/// One entry and its encoded size (for dead/live byte accounting).
-#[derive(Clone)]
-struct Stored {
-    entry: RaftEntry,
-    bytes: u64,
+/// Where an entry's bytes are on disk: slot `slot` of the `Entries` record that starts at
+/// `offset` in generation `generation` and is `len` bytes long (header included). Reading an
+/// entry back reads and CRC-checks that whole record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Loc {
+    generation: u64,
+    offset: u64,
+    len: u32,
+    slot: u32,
 }
 
-/// The log as openraft sees it: every entry after the purge point, in memory. Bounded because
-/// openraft purges after each snapshot; reads never touch the disk.
+/// What the log keeps in memory of every entry: its id, its encoded size (for the dead/live
+/// byte accounting and the snapshot trigger) and where it is on disk.
+#[derive(Clone, Copy, Debug)]
+struct Meta {
+    log_id: LogId,
+    bytes: u64,
+    loc: Loc,
+}
+
+/// The most recent entries kept decoded, beyond those not yet durable: openraft reads every
+/// entry back right after appending it (to apply it, and on a leader to replicate it), so the
+/// newest entries are served from memory and only older ones (a lagging follower, a restart's
+/// re-apply) come from the file. Counted in encoded bytes.
+const CACHE_BYTES: u64 = 1 << 20;
+
+/// The log as openraft sees it. Every entry after the purge point has a [`Meta`] in memory;
+/// the entries themselves are kept only while they are among the newest (see
+/// [`CACHE_BYTES`]) or not yet durable, and are otherwise read back from the log file (with
+/// their record's checksum verified). Before this the whole log since the last snapshot was
+/// held decoded — a second copy of every value written since (about 25 MB of the 92 MB RSS at
+/// 100k keys of 256 B, and as much as the store itself once the snapshot trigger, which grows
+/// with the snapshot, let the log grow to hundreds of MB at 1M keys).
 #[derive(Default)]
 pub(crate) struct MemLog {
-    entries: BTreeMap<u64, Stored>,
+    /// One per entry, consecutive indexes from `first_index()`.
+    metas: VecDeque<Meta>,
+    /// The entries of the last `cache.len()` metas (always a suffix of the log), decoded.
+    cache: VecDeque<RaftEntry>,
+    /// Sum of `Meta::bytes` over the cached entries.
+    cache_bytes: u64,
     purged: Option<LogId>,
     committed: Option<LogId>,
     vote: Option<Vote>,
-    /// Sum of `Stored::bytes`.
+    /// Sum of `Meta::bytes`.
     live_bytes: u64,
+    /// Where the generation files are; read handles are opened on demand.
+    wal_dir: PathBuf,
+    /// Read handles of the generations that metas point into. A reader clones the handle it
+    /// needs, so a generation deleted by a rewrite meanwhile stays readable through it.
+    files: BTreeMap<u64, Arc<File>>,
+}
+
+/// How `read` gets one entry: from memory or from a record on disk.
+enum Source {
+    Cached(RaftEntry),
+    Disk {
+        file: Arc<File>,
+        loc: Loc,
+        log_id: LogId,
+    },
 }
 
 impl MemLog {
     pub(crate) fn last_log_id(&self) -> Option<LogId> {
-        self.entries
-            .last_key_value()
-            .map(|(_, s)| s.entry.log_id)
-            .or(self.purged)
+        self.metas.back().map(|m| m.log_id).or(self.purged)
+    }
+
+    fn first_index(&self) -> u64 {
+        self.purged.map_or(0, |p| p.index + 1)
     }
 
     fn next_index(&self) -> u64 {
-        self.last_log_id().map_or(0, |l| l.index + 1)
+        self.first_index() + self.metas.len() as u64
+    }
+
+    fn meta(&self, index: u64) -> Option<&Meta> {
+        let pos = index.checked_sub(self.first_index())?;
+        self.metas.get(usize::try_from(pos).ok()?)
+    }
+
+    /// Index of the first cached entry.
+    fn cache_first(&self) -> u64 {
+        self.next_index() - self.cache.len() as u64
     }
 
     pub(crate) fn purged_index(&self) -> Option<u64> {
@@ -220,28 +307,32 @@ impl MemLog {
 
     /// Encoded bytes of the entries after `index` (of all of them for `None`).
     pub(crate) fn bytes_after(&self, index: Option<u64>) -> u64 {
-        let from = index.map_or(0, |i| i + 1);
-        self.entries.range(from..).map(|(_, s)| s.bytes).sum()
+        let from = index
+            .map_or(0, |i| i + 1)
+            .saturating_sub(self.first_index());
+        let from = usize::try_from(from).unwrap_or(usize::MAX);
+        self.metas.iter().skip(from).map(|m| m.bytes).sum()
     }
 
     pub(crate) fn is_pristine(&self) -> bool {
-        self.entries.is_empty() && self.purged.is_none() && self.vote.is_none()
+        self.metas.is_empty() && self.purged.is_none() && self.vote.is_none()
     }
 
     fn reset(&mut self, purged: Option<LogId>, committed: Option<LogId>) {
-        let vote = self.vote;
-        *self = MemLog {
-            purged,
-            committed,
-            vote,
-            ..MemLog::default()
-        };
+        self.metas.clear();
+        self.cache.clear();
+        self.cache_bytes = 0;
+        self.live_bytes = 0;
+        self.purged = purged;
+        self.committed = committed;
     }
 
     /// Appends consecutive entries; refuses gaps, overlaps and terms going backwards (openraft
     /// truncates explicitly before overwriting, so an overlap here is a bug or corruption).
-    fn append(&mut self, entries: Vec<(RaftEntry, u64)>) -> Result<(), String> {
-        for (entry, bytes) in entries {
+    /// `cached` entries are also kept in memory (appends: they are not durable yet); recovered
+    /// ones are not (they are in the file).
+    fn append(&mut self, entries: Vec<(RaftEntry, u64, Loc)>, cached: bool) -> Result<(), String> {
+        for (entry, bytes, loc) in entries {
             let id = entry.log_id;
             let expected = self.next_index();
             if id.index != expected {
@@ -255,21 +346,39 @@ impl MemLog {
                 }
             }
             self.live_bytes += bytes;
-            self.entries.insert(id.index, Stored { entry, bytes });
+            self.metas.push_back(Meta {
+                log_id: id,
+                bytes,
+                loc,
+            });
+            if cached {
+                self.cache_bytes += bytes;
+                self.cache.push_back(entry);
+            } else {
+                // The cache stays a suffix of the log.
+                self.cache.clear();
+                self.cache_bytes = 0;
+            }
         }
         Ok(())
     }
 
     fn truncate_since(&mut self, index: u64) -> Result<(), String> {
-        let first_kept = self.purged.map_or(0, |p| p.index + 1);
+        let first_kept = self.first_index();
         if index < first_kept || index > self.next_index() {
             return Err(format!(
                 "truncate at {index} outside the log [{first_kept}, {})",
                 self.next_index()
             ));
         }
-        for (_, s) in self.entries.split_off(&index) {
-            self.live_bytes -= s.bytes;
+        while self.next_index() > index {
+            let cached = !self.cache.is_empty();
+            let m = self.metas.pop_back().expect("index below next_index");
+            self.live_bytes -= m.bytes;
+            if cached {
+                self.cache.pop_back();
+                self.cache_bytes -= m.bytes;
+            }
         }
         Ok(())
     }
@@ -282,34 +391,48 @@ impl MemLog {
                 ));
             }
         }
-        if let Some(s) = self.entries.get(&id.index) {
-            if s.entry.log_id != id {
-                return Err(format!(
-                    "purge to {id} but the entry there is {}",
-                    s.entry.log_id
-                ));
+        if let Some(m) = self.meta(id.index) {
+            if m.log_id != id {
+                return Err(format!("purge to {id} but the entry there is {}", m.log_id));
             }
         }
-        let kept = self.entries.split_off(&(id.index + 1));
-        for (_, s) in std::mem::replace(&mut self.entries, kept) {
-            self.live_bytes -= s.bytes;
+        while self
+            .metas
+            .front()
+            .is_some_and(|m| m.log_id.index <= id.index)
+        {
+            let cached = self.cache.len() == self.metas.len();
+            let m = self.metas.pop_front().expect("checked");
+            self.live_bytes -= m.bytes;
+            if cached {
+                self.cache.pop_front();
+                self.cache_bytes -= m.bytes;
+            }
         }
         self.purged = Some(id);
         Ok(())
     }
 
-    fn apply(&mut self, rec: Record) -> Result<(), String> {
+    /// Replays one record found at `offset` (`len` bytes) of generation `generation`.
+    fn apply(&mut self, rec: Record, generation: u64, offset: u64, len: u32) -> Result<(), String> {
         match rec {
             Record::GenerationStart { purged, committed } => self.reset(purged, committed),
             Record::Entries(v) => {
-                let sized = v
+                let located = v
                     .into_iter()
-                    .map(|e| {
+                    .enumerate()
+                    .map(|(slot, e)| {
                         let bytes = entry_size(&e);
-                        (e, bytes)
+                        let loc = Loc {
+                            generation,
+                            offset,
+                            len,
+                            slot: slot as u32,
+                        };
+                        (e, bytes, loc)
                     })
                     .collect();
-                self.append(sized)?;
+                self.append(located, false)?;
             }
             Record::TruncateSince(i) => self.truncate_since(i)?,
             Record::PurgeUpto(id) => self.purge_upto(id)?,
@@ -323,8 +446,8 @@ impl MemLog {
     /// forget it and let openraft recommit (committed is optional state).
     fn sanitize_committed(&mut self) {
         let Some(c) = self.committed else { return };
-        let ok = match self.entries.get(&c.index) {
-            Some(s) => s.entry.log_id == c,
+        let ok = match self.meta(c.index) {
+            Some(m) => m.log_id == c,
             None => self.purged.is_some_and(|p| c.index <= p.index),
         };
         if !ok {
@@ -333,15 +456,86 @@ impl MemLog {
         }
     }
 
-    fn range(&self, range: impl RangeBounds<u64>) -> Vec<RaftEntry> {
-        self.entries
-            .range(range)
-            .map(|(_, s)| s.entry.clone())
-            .collect()
+    /// The read handle of `generation`, opened on first use.
+    fn file(&mut self, generation: u64) -> io::Result<Arc<File>> {
+        if let Some(f) = self.files.get(&generation) {
+            return Ok(f.clone());
+        }
+        let f = Arc::new(File::open(generation_path(&self.wal_dir, generation))?);
+        self.files.insert(generation, f.clone());
+        Ok(f)
     }
 
-    /// The content of a fresh generation: header plus every live entry.
-    fn encode_generation(&self) -> Vec<u8> {
+    /// Drops the oldest cached entries beyond [`CACHE_BYTES`], as far as they are durable
+    /// (`durable` = generation and length of the file known to be on disk): an entry leaves
+    /// memory only once it can be read back.
+    fn evict(&mut self, durable: (u64, u64)) {
+        while self.cache_bytes > CACHE_BYTES {
+            let first = self.cache_first();
+            let m = *self.meta(first).expect("cached entries have metas");
+            let loc = m.loc;
+            if loc.generation != durable.0 || loc.offset + u64::from(loc.len) > durable.1 {
+                return;
+            }
+            if let Err(e) = self.file(loc.generation) {
+                tracing::warn!(error = %e, "cannot open the raft log for reading; keeping entries in memory");
+                return;
+            }
+            self.cache.pop_front();
+            self.cache_bytes -= m.bytes;
+        }
+    }
+
+    /// How to get the entries in `range`: cached ones cloned, the others as disk locations.
+    /// Cheap; the disk reads happen in [`fetch`], outside any lock.
+    fn plan(&self, range: impl RangeBounds<u64>) -> Result<Vec<Source>, String> {
+        let start = match range.start_bound() {
+            Bound::Included(&i) => i,
+            Bound::Excluded(&i) => i.saturating_add(1),
+            Bound::Unbounded => 0,
+        }
+        .max(self.first_index());
+        let end = match range.end_bound() {
+            Bound::Included(&i) => i.saturating_add(1),
+            Bound::Excluded(&i) => i,
+            Bound::Unbounded => u64::MAX,
+        }
+        .min(self.next_index());
+        let cache_first = self.cache_first();
+        let mut out = Vec::with_capacity(end.saturating_sub(start).min(4096) as usize);
+        for index in start..end {
+            if index >= cache_first {
+                out.push(Source::Cached(
+                    self.cache[(index - cache_first) as usize].clone(),
+                ));
+            } else {
+                let m = self.meta(index).expect("index inside the log");
+                let file = self.files.get(&m.loc.generation).cloned().ok_or_else(|| {
+                    format!(
+                        "entry {} is neither in memory nor in an open log file",
+                        m.log_id
+                    )
+                })?;
+                out.push(Source::Disk {
+                    file,
+                    loc: m.loc,
+                    log_id: m.log_id,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// The entries in `range` (those after the purge point and up to the last entry).
+    #[cfg(test)]
+    fn read(&self, range: impl RangeBounds<u64>) -> Result<Vec<RaftEntry>, String> {
+        fetch(self.plan(range)?)
+    }
+
+    /// Encodes a fresh generation: header plus `entries` (every live entry, in order), with
+    /// where each entry lands in it.
+    fn encode_generation(&self, generation: u64, entries: &[RaftEntry]) -> (Vec<u8>, Vec<Loc>) {
+        debug_assert_eq!(entries.len(), self.metas.len());
         let mut out = Vec::with_capacity(self.live_bytes as usize + 4096);
         encode_record(
             &mut out,
@@ -350,10 +544,82 @@ impl MemLog {
                 committed: self.committed,
             },
         );
-        let entries: Vec<RaftEntry> = self.entries.values().map(|s| s.entry.clone()).collect();
-        let sizes: Vec<u64> = self.entries.values().map(|s| s.bytes).collect();
-        encode_entries(&mut out, &entries, &sizes);
-        out
+        let sizes: Vec<u64> = self.metas.iter().map(|m| m.bytes).collect();
+        let locs = encode_entries(&mut out, entries, &sizes, generation, 0);
+        (out, locs)
+    }
+
+    /// After a rewrite into `generation`: every entry is now at `locs` there, and all of them
+    /// are kept in memory until that generation is durable (it is written by the writer
+    /// thread; until then the file is not there to read).
+    fn relocate(&mut self, entries: Vec<RaftEntry>, locs: Vec<Loc>) {
+        debug_assert_eq!(locs.len(), self.metas.len());
+        for (m, loc) in self.metas.iter_mut().zip(locs) {
+            m.loc = loc;
+        }
+        self.cache = entries.into();
+        self.cache_bytes = self.live_bytes;
+        // No meta points into older generations any more; readers that hold one of these
+        // handles keep their (possibly deleted) file readable until they are done.
+        self.files.clear();
+    }
+}
+
+/// Reads the planned entries: cached ones as they are, the others from their records, each
+/// record read once per call and checked (length, CRC, decodable, the expected entry).
+fn fetch(plan: Vec<Source>) -> Result<Vec<RaftEntry>, String> {
+    let mut out = Vec::with_capacity(plan.len());
+    // The last record read: (file, offset) and its entries.
+    let mut current: Option<((*const File, u64), Vec<RaftEntry>)> = None;
+    for source in plan {
+        let (file, loc, log_id) = match source {
+            Source::Cached(e) => {
+                out.push(e);
+                continue;
+            }
+            Source::Disk { file, loc, log_id } => (file, loc, log_id),
+        };
+        let key = (Arc::as_ptr(&file), loc.offset);
+        if current.as_ref().map(|c| c.0) != Some(key) {
+            let entries = read_entries_record(&file, loc)?;
+            current = Some((key, entries));
+        }
+        let entries = &current.as_ref().expect("just set").1;
+        let entry = entries.get(loc.slot as usize).ok_or_else(|| {
+            format!(
+                "log record at offset {} holds {} entries, entry {log_id} expected in slot {}",
+                loc.offset,
+                entries.len(),
+                loc.slot
+            )
+        })?;
+        if entry.log_id != log_id {
+            return Err(format!(
+                "log record at offset {} holds entry {} where {log_id} was expected",
+                loc.offset, entry.log_id
+            ));
+        }
+        out.push(entry.clone());
+    }
+    Ok(out)
+}
+
+/// Reads the `Entries` record at `loc` and verifies it like recovery does (length, CRC,
+/// decoding).
+fn read_entries_record(file: &File, loc: Loc) -> Result<Vec<RaftEntry>, String> {
+    let mut buf = vec![0u8; loc.len as usize];
+    file.read_exact_at(&mut buf, loc.offset)
+        .map_err(|e| format!("reading the log record at offset {}: {e}", loc.offset))?;
+    match parse_record(&buf, 0) {
+        Ok((Record::Entries(v), end)) if end == buf.len() => Ok(v),
+        Ok(_) => Err(format!(
+            "the log record at offset {} is not the entries record expected",
+            loc.offset
+        )),
+        Err(reason) => Err(format!(
+            "corrupt log record at offset {}: {reason}",
+            loc.offset
+        )),
     }
 }
 
@@ -409,7 +675,10 @@ pub(crate) fn recover(raft_dir: &Path) -> Result<Recovered, StartError> {
     let wal_dir = raft_dir.join("wal");
     fs::create_dir_all(&wal_dir).map_err(io_err(&wal_dir))?;
 
-    let mut mem = MemLog::default();
+    let mut mem = MemLog {
+        wal_dir: wal_dir.clone(),
+        ..MemLog::default()
+    };
     let vote_path = raft_dir.join("vote");
     if let Some(res) = files::read_framed(&vote_path, VOTE_MAGIC).map_err(io_err(&vote_path))? {
         let payload = res.map_err(|reason| StartError::CorruptLog {
@@ -428,7 +697,7 @@ pub(crate) fn recover(raft_dir: &Path) -> Result<Recovered, StartError> {
     let gens = list_generations(&wal_dir).map_err(io_err(&wal_dir))?;
     let Some(&newest) = gens.last() else {
         let path = generation_path(&wal_dir, 1);
-        let bytes = mem.encode_generation();
+        let (bytes, _) = mem.encode_generation(1, &[]);
         files::write_atomic(&path, &bytes).map_err(io_err(&path))?;
         return Ok(Recovered {
             mem,
@@ -458,7 +727,8 @@ pub(crate) fn recover(raft_dir: &Path) -> Result<Recovered, StartError> {
                 if (pos == 0) != is_start {
                     return Err(corrupt(pos, "generation header misplaced".into()));
                 }
-                mem.apply(rec)
+                let len = u32::try_from(next - pos).expect("records are below MAX_RECORD_BYTES");
+                mem.apply(rec, newest, pos as u64, len)
                     .map_err(|reason| corrupt(pos, format!("impossible log: {reason}")))?;
                 pos = next;
             }
@@ -497,6 +767,9 @@ pub(crate) fn recover(raft_dir: &Path) -> Result<Recovered, StartError> {
         }
     }
     mem.sanitize_committed();
+    // Entries are read back from this file from now on; it is only ever appended to (and
+    // replaced as a whole by a rewrite), so what was read here stays valid.
+    mem.file(newest).map_err(io_err(&path))?;
 
     // Older generations are superseded by the newest one's header; they only survive a crash
     // between a rewrite's rename and its cleanup.
@@ -519,12 +792,17 @@ pub(crate) struct WalStats {
     pub(crate) file_bytes: AtomicU64,
 }
 
+/// Generation and length of the log file known to be on disk (fsynced): entries within it can
+/// be dropped from memory and read back. Written by the writer, read by the log store.
+type Durable = Arc<Mutex<(u64, u64)>>;
+
 /// Work for the writer thread, processed strictly in order.
 enum Op {
     Append {
         bytes: Vec<u8>,
         entries: u64,
-        done: LogFlushed<TypeConfig>,
+        /// `None` only in tests (openraft's callback cannot be made outside openraft).
+        done: Option<LogFlushed<TypeConfig>>,
     },
     /// A record that needs no acknowledgement (truncate, purge, committed); made durable by
     /// the next fsync, and ordered before every later append.
@@ -581,13 +859,15 @@ struct Writer {
     disk_slow: Arc<AtomicBool>,
     /// Injected durability hooks (simulation); see `crate::env`.
     hooks: Option<Arc<dyn DiskHooks>>,
+    /// Updated after every fsync and rewrite.
+    durable: Durable,
 }
 
 /// What a batch accumulates before its single write + fsync.
 #[derive(Default)]
 struct Pending {
     buf: Vec<u8>,
-    appended: Vec<(LogFlushed<TypeConfig>, u64)>,
+    appended: Vec<(Option<LogFlushed<TypeConfig>>, u64)>,
 }
 
 /// The first operation and whatever is queued behind it, up to the batch bounds.
@@ -737,9 +1017,15 @@ impl Writer {
             match &res {
                 Ok(()) => {
                     metrics::counter!("baton_wal_appended_entries_total").increment(n);
-                    done.log_io_completed(Ok(()));
+                    if let Some(done) = done {
+                        done.log_io_completed(Ok(()));
+                    }
                 }
-                Err(e) => done.log_io_completed(Err(io::Error::new(e.kind(), e.to_string()))),
+                Err(e) => {
+                    if let Some(done) = done {
+                        done.log_io_completed(Err(io::Error::new(e.kind(), e.to_string())))
+                    }
+                }
             }
         }
     }
@@ -802,6 +1088,7 @@ impl Writer {
         metrics::counter!("baton_wal_fsyncs_total").increment(1);
         self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
         self.dirty = false;
+        *self.durable.lock() = (self.generation, self.pos);
         self.report_synced();
         Ok(())
     }
@@ -832,6 +1119,7 @@ impl Writer {
             }
         }
         files::fsync_dir(&self.wal_dir)?;
+        *self.durable.lock() = (generation, self.pos);
         self.report_synced();
         Ok(())
     }
@@ -982,7 +1270,9 @@ pub(crate) fn open(
         stats: stats.clone(),
         disk_slow: Arc::new(AtomicBool::new(false)),
         hooks,
+        durable: Arc::new(Mutex::new((rec.generation, rec.file_len))),
     };
+    let durable = writer.durable.clone();
     let (tx, rx) = mpsc::unbounded_channel();
     let (sink, thread) = if writer.hooks.is_some() {
         writer.report_synced();
@@ -1013,6 +1303,7 @@ pub(crate) fn open(
         sink: sink.clone(),
         generation: rec.generation,
         file_bytes: rec.file_len,
+        durable,
         unwritten_committed: None,
     };
     Ok((
@@ -1038,6 +1329,8 @@ pub(crate) struct LogStore {
     generation: u64,
     /// Bytes of the current generation once everything queued is written (mirrors the writer).
     file_bytes: u64,
+    /// The writer's durable position (see [`Durable`]).
+    durable: Durable,
     /// A committed id openraft saved that is not yet queued for the file. openraft saves it
     /// after every commit; writing it at once cost a record, a write(2) and a wake-up of the
     /// writer thread per batch. It is optional state (a restart that finds an older one just
@@ -1070,7 +1363,7 @@ impl LogStore {
         self.sink.send(op)
     }
 
-    fn record(&mut self, rec: RecordRef<'_>) -> Result<(), WriterStopped> {
+    fn record(&mut self, rec: RecordRef<'_>) -> Result<(), LogError> {
         let mut bytes = Vec::new();
         self.encode_unwritten_committed(&mut bytes);
         encode_record(&mut bytes, &rec);
@@ -1078,24 +1371,114 @@ impl LogStore {
         self.maybe_rewrite()
     }
 
-    /// Starts a new generation once enough of the file is dead (see the module docs).
-    fn maybe_rewrite(&mut self) -> Result<(), WriterStopped> {
-        let bytes = {
+    /// `append` without openraft's types in the way (tests pass no callback).
+    fn append_entries(
+        &mut self,
+        entries: Vec<RaftEntry>,
+        callback: Option<LogFlushed<TypeConfig>>,
+    ) -> Result<(), LogError> {
+        if entries.is_empty() {
+            if let Some(callback) = callback {
+                callback.log_io_completed(Ok(()));
+            }
+            return Ok(());
+        }
+        let sizes: Vec<u64> = entries.iter().map(entry_size).collect();
+        let mut bytes = Vec::new();
+        self.encode_unwritten_committed(&mut bytes);
+        let locs = encode_entries(
+            &mut bytes,
+            &entries,
+            &sizes,
+            self.generation,
+            self.file_bytes,
+        );
+        let n = entries.len() as u64;
+        let located = entries
+            .into_iter()
+            .zip(sizes)
+            .zip(locs)
+            .map(|((e, b), l)| (e, b, l))
+            .collect();
+        self.mem
+            .write()
+            .append(located, true)
+            .map_err(LogError::Write)?;
+        self.send(Op::Append {
+            bytes,
+            entries: n,
+            done: callback,
+        })?;
+        self.maybe_rewrite()?;
+        self.evict();
+        Ok(())
+    }
+
+    /// Lets the oldest cached entries go once they are durable (see [`MemLog::evict`]).
+    fn evict(&mut self) {
+        let durable = *self.durable.lock();
+        let mut mem = self.mem.write();
+        if mem.cache_bytes > CACHE_BYTES {
+            mem.evict(durable);
+        }
+    }
+
+    /// Starts a new generation once enough of the file is dead (see the module docs). The
+    /// live entries are read back (verified) and re-encoded; this runs right after a purge,
+    /// when the live log is short.
+    fn maybe_rewrite(&mut self) -> Result<(), LogError> {
+        let plan = {
             let mem = self.mem.read();
             let dead = self.file_bytes.saturating_sub(mem.live_bytes);
             if dead < RECLAIM_MIN_BYTES.max(mem.live_bytes) {
                 return Ok(());
             }
-            mem.encode_generation()
+            mem.plan(..).map_err(LogError::Read)?
         };
-        self.generation += 1;
-        let generation = self.generation;
+        // Only this task changes the log, so it cannot change between the plan and here.
+        let entries = fetch(plan).map_err(LogError::Read)?;
+        let generation = self.generation + 1;
+        let bytes = {
+            let mut mem = self.mem.write();
+            let (bytes, locs) = mem.encode_generation(generation, &entries);
+            mem.relocate(entries, locs);
+            bytes
+        };
+        self.generation = generation;
         let len = bytes.len() as u64;
         self.send(Op::Rewrite { generation, bytes })?;
         // The new generation holds just the rewrite.
         self.file_bytes = len;
         Ok(())
     }
+}
+
+/// Errors of the log store's own helpers, kept small (openraft's error is over 200 bytes) and
+/// converted at the trait boundary.
+enum LogError {
+    Stopped,
+    Read(String),
+    Write(String),
+}
+
+impl From<WriterStopped> for LogError {
+    fn from(_: WriterStopped) -> Self {
+        LogError::Stopped
+    }
+}
+
+impl From<LogError> for StorageError {
+    fn from(e: LogError) -> Self {
+        match e {
+            LogError::Stopped => WriterStopped.into(),
+            LogError::Read(msg) => read_err(msg),
+            LogError::Write(msg) => write_err(msg),
+        }
+    }
+}
+
+fn read_err(msg: impl ToString) -> StorageError {
+    StorageIOError::read_logs(AnyError::error(msg)).into()
 }
 
 /// Read-only view for openraft's replication tasks.
@@ -1109,7 +1492,8 @@ impl RaftLogReader<TypeConfig> for LogReader {
         &mut self,
         range: RB,
     ) -> Result<Vec<RaftEntry>, StorageError> {
-        Ok(self.mem.read().range(range))
+        let plan = self.mem.read().plan(range).map_err(read_err)?;
+        fetch(plan).map_err(read_err)
     }
 }
 
@@ -1118,7 +1502,8 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<RaftEntry>, StorageError> {
-        Ok(self.mem.read().range(range))
+        let plan = self.mem.read().plan(range).map_err(read_err)?;
+        fetch(plan).map_err(read_err)
     }
 }
 
@@ -1167,6 +1552,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
         self.mem.write().committed = committed;
+        // Called after every commit, i.e. soon after the appends became durable.
+        self.evict();
         // Not written now: it rides along with the next record (see `unwritten_committed`).
         self.unwritten_committed = Some(committed);
         Ok(())
@@ -1185,27 +1572,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = RaftEntry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let entries: Vec<RaftEntry> = entries.into_iter().collect();
-        if entries.is_empty() {
-            callback.log_io_completed(Ok(()));
-            return Ok(());
-        }
-        let sizes: Vec<u64> = entries.iter().map(entry_size).collect();
-        let mut bytes = Vec::new();
-        self.encode_unwritten_committed(&mut bytes);
-        encode_entries(&mut bytes, &entries, &sizes);
-        let n = entries.len() as u64;
-        self.mem
-            .write()
-            .append(entries.into_iter().zip(sizes).collect())
-            .map_err(write_err)?;
-        self.send(Op::Append {
-            bytes,
-            entries: n,
-            done: callback,
-        })?;
-        self.maybe_rewrite()?;
-        Ok(())
+        Ok(self.append_entries(entries.into_iter().collect(), Some(callback))?)
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
@@ -1307,7 +1674,7 @@ mod tests {
         assert_eq!(rec.mem.purged, Some(a[1].log_id));
         assert_eq!(rec.mem.last_log_id(), Some(b[1].log_id));
         assert_eq!(rec.mem.committed, Some(b[0].log_id));
-        assert_eq!(rec.mem.range(..), b);
+        assert_eq!(rec.mem.read(..).unwrap(), b);
         assert_eq!(rec.file_len, bytes.len() as u64);
     }
 
@@ -1355,7 +1722,7 @@ mod tests {
         ] {
             let (tmp, res) = recover_bytes(&full[..cut]);
             let rec = res.unwrap();
-            assert_eq!(rec.mem.range(..), es[..25].to_vec(), "cut at {cut}");
+            assert_eq!(rec.mem.read(..).unwrap(), es[..25].to_vec(), "cut at {cut}");
             assert_eq!(rec.file_len, good.len() as u64);
             let on_disk = fs::metadata(generation_path(&tmp.path().join("wal"), 3))
                 .unwrap()
@@ -1371,7 +1738,7 @@ mod tests {
         let mut flipped_last = full.clone();
         *flipped_last.last_mut().unwrap() ^= 1;
         let (_tmp, res) = recover_bytes(&flipped_last);
-        assert_eq!(res.unwrap().mem.range(..).len(), 25);
+        assert_eq!(res.unwrap().mem.read(..).unwrap().len(), 25);
         // The same flip in the first entries record, with a valid record after it, is not.
         let mut flipped_mid = full.clone();
         flipped_mid[good.len() - 5] ^= 1;
@@ -1392,7 +1759,7 @@ mod tests {
         let (_tmp, res) = recover_bytes(&bytes);
         let rec = res.unwrap();
         assert_eq!(rec.file_len, len as u64);
-        assert_eq!(rec.mem.range(..).len(), 1);
+        assert_eq!(rec.mem.read(..).unwrap().len(), 1);
     }
 
     /// Writes `range` as one Entries record each through a writer opened on `raft_dir`.
@@ -1420,14 +1787,20 @@ mod tests {
             "file grows in whole steps"
         );
         let rec = recover(raft_dir).unwrap();
-        assert_eq!(rec.mem.range(..).len(), 50);
+        assert_eq!(rec.mem.read(..).unwrap().len(), 50);
         assert!(rec.file_len < allocated, "the zero tail is not log");
         // A restart appends at the end of the log, not at the end of the file, and keeps the
         // allocation.
         write_entries(raft_dir, 50..60).await;
         assert_eq!(fs::metadata(&path).unwrap().len(), allocated);
         let rec = recover(raft_dir).unwrap();
-        let indexes: Vec<u64> = rec.mem.range(..).iter().map(|e| e.log_id.index).collect();
+        let indexes: Vec<u64> = rec
+            .mem
+            .read(..)
+            .unwrap()
+            .iter()
+            .map(|e| e.log_id.index)
+            .collect();
         assert_eq!(indexes, (0..60).collect::<Vec<_>>());
     }
 
@@ -1441,7 +1814,7 @@ mod tests {
         let (_tmp, res) = recover_bytes(&bytes);
         let rec = res.unwrap();
         assert_eq!(rec.file_len, good.len() as u64);
-        assert_eq!(rec.mem.range(..).len(), 1);
+        assert_eq!(rec.mem.read(..).unwrap().len(), 1);
     }
 
     #[test]
@@ -1467,7 +1840,7 @@ mod tests {
         let rec = recover(tmp.path()).unwrap();
         assert_eq!(rec.generation, 2);
         assert_eq!(rec.mem.purged, Some(purged));
-        assert_eq!(rec.mem.range(..), vec![entry(1, 1)]);
+        assert_eq!(rec.mem.read(..).unwrap(), vec![entry(1, 1)]);
         let left: Vec<_> = fs::read_dir(&wal)
             .unwrap()
             .map(|e| e.unwrap().file_name())
@@ -1479,16 +1852,171 @@ mod tests {
     fn rewrite_keeps_exactly_the_live_log() {
         let mut mem = MemLog::default();
         let es: Vec<RaftEntry> = (0..10).map(|i| entry(1, i)).collect();
-        mem.append(es.iter().map(|e| (e.clone(), entry_size(e))).collect())
-            .unwrap();
+        let sizes: Vec<u64> = es.iter().map(entry_size).collect();
+        let locs = encode_entries(&mut Vec::new(), &es, &sizes, 1, 0);
+        mem.append(
+            es.iter()
+                .cloned()
+                .zip(sizes)
+                .zip(locs)
+                .map(|((e, b), l)| (e, b, l))
+                .collect(),
+            true,
+        )
+        .unwrap();
         mem.purge_upto(es[5].log_id).unwrap();
         mem.committed = Some(es[7].log_id);
-        let bytes = mem.encode_generation();
+        let (bytes, _) = mem.encode_generation(3, &mem.read(..).unwrap());
         let (_tmp, res) = recover_bytes(&bytes);
         let rec = res.unwrap();
-        assert_eq!(rec.mem.range(..), es[6..].to_vec());
+        assert_eq!(rec.mem.read(..).unwrap(), es[6..].to_vec());
         assert_eq!(rec.mem.purged, Some(es[5].log_id));
         assert_eq!(rec.mem.committed, Some(es[7].log_id));
         assert_eq!(rec.mem.live_bytes, mem.live_bytes);
+    }
+
+    /// An entry with a `value_len`-byte put, so a few thousand of them exceed the cache.
+    fn big_entry(term: u64, index: u64, value_len: usize) -> RaftEntry {
+        RaftEntry {
+            log_id: LogId::new(LeaderId::new(term, 1), index),
+            payload: EntryPayload::Normal(Request {
+                time_ms: index,
+                commands: vec![Command::Put(baton_core::PutRequest {
+                    key: format!("k{index}").into_bytes(),
+                    value: vec![index as u8; value_len],
+                    ..Default::default()
+                })],
+            }),
+        }
+    }
+
+    /// Appends through the log store as openraft would (one entry per append), then waits
+    /// until all of it is durable (a vote is saved after every earlier append) and lets the
+    /// cache shrink.
+    async fn append_durably(store: &mut LogStore, entries: &[RaftEntry]) {
+        for e in entries {
+            store.append_entries(vec![e.clone()], None).ok().unwrap();
+        }
+        store.save_vote(&Vote::new(1, 1)).await.expect("vote saved");
+        store.evict();
+    }
+
+    async fn all_entries(store: &mut LogStore) -> Vec<RaftEntry> {
+        store.try_get_log_entries(..).await.ok().unwrap()
+    }
+
+    /// The on-disk positions the log store knows.
+    fn locs(store: &LogStore) -> Vec<Loc> {
+        store.mem.read().metas.iter().map(|m| m.loc).collect()
+    }
+
+    #[tokio::test]
+    async fn entries_leave_memory_once_durable_and_are_read_back() {
+        let tmp = tempfile::tempdir().unwrap();
+        let raft_dir = tmp.path();
+        let es: Vec<RaftEntry> = (0..3000).map(|i| big_entry(1, i, 1000)).collect();
+        {
+            let (mut store, wal) = open(raft_dir, recover(raft_dir).unwrap(), None).unwrap();
+            append_durably(&mut store, &es).await;
+            {
+                let mem = store.mem.read();
+                assert!(mem.cache_bytes <= CACHE_BYTES, "cache not bounded");
+                assert!(mem.cache.len() < 3000 / 2, "entries kept in memory");
+                assert_eq!(mem.cache.back(), es.last());
+            }
+            assert_eq!(all_entries(&mut store).await, es);
+            let part = store.try_get_log_entries(10..=20).await.ok().unwrap();
+            assert_eq!(part, es[10..=20].to_vec());
+            wal.stop().await;
+        }
+        // After a restart nothing is in memory and everything comes from the file.
+        let (mut store, wal) = open(raft_dir, recover(raft_dir).unwrap(), None).unwrap();
+        assert!(store.mem.read().cache.is_empty());
+        assert_eq!(all_entries(&mut store).await, es);
+        // Appending continues after the recovered log, in memory and then on disk.
+        let more: Vec<RaftEntry> = (3000..4000).map(|i| big_entry(1, i, 1000)).collect();
+        append_durably(&mut store, &more).await;
+        assert_eq!(all_entries(&mut store).await[3000..], more[..]);
+        wal.stop().await;
+        let (mut store, wal) = open(raft_dir, recover(raft_dir).unwrap(), None).unwrap();
+        assert_eq!(all_entries(&mut store).await.len(), 4000);
+        wal.stop().await;
+    }
+
+    #[tokio::test]
+    async fn entries_are_read_back_after_a_rewrite_moved_them() {
+        let tmp = tempfile::tempdir().unwrap();
+        let raft_dir = tmp.path();
+        let es: Vec<RaftEntry> = (0..6000).map(|i| big_entry(1, i, 1000)).collect();
+        let (mut store, wal) = open(raft_dir, recover(raft_dir).unwrap(), None).unwrap();
+        append_durably(&mut store, &es).await;
+        assert_eq!(store.generation, 1);
+        // Purging most of the log makes its bytes dead: the log is rewritten (generation 2)
+        // with the live entries moved to new offsets.
+        store.purge(es[4999].log_id).await.ok().unwrap();
+        assert_eq!(store.generation, 2);
+        assert!(locs(&store).iter().all(|l| l.generation == 2));
+        // Until the new generation is durable the moved entries stay in memory; readable
+        // either way.
+        assert_eq!(all_entries(&mut store).await, es[5000..]);
+        append_durably(&mut store, &[]).await;
+        assert!(
+            store.mem.read().cache.len() < 1000,
+            "not evicted after the rewrite"
+        );
+        assert_eq!(all_entries(&mut store).await, es[5000..]);
+        let gens = list_generations(&raft_dir.join("wal")).unwrap();
+        assert_eq!(gens, vec![2], "the old generation is gone");
+        // A truncated suffix is replaced by entries of a later term at the same indexes.
+        store.truncate(es[5500].log_id).await.ok().unwrap();
+        let newer: Vec<RaftEntry> = (5500..6500).map(|i| big_entry(2, i, 1000)).collect();
+        append_durably(&mut store, &newer).await;
+        let expected: Vec<RaftEntry> = es[5000..5500].iter().chain(&newer).cloned().collect();
+        assert_eq!(all_entries(&mut store).await, expected);
+        wal.stop().await;
+        let (mut store, wal) = open(raft_dir, recover(raft_dir).unwrap(), None).unwrap();
+        assert_eq!(all_entries(&mut store).await, expected);
+        wal.stop().await;
+    }
+
+    #[tokio::test]
+    async fn corrupted_bytes_are_detected_on_read_back() {
+        let tmp = tempfile::tempdir().unwrap();
+        let raft_dir = tmp.path();
+        let es: Vec<RaftEntry> = (0..3000).map(|i| big_entry(1, i, 1000)).collect();
+        let (mut store, wal) = open(raft_dir, recover(raft_dir).unwrap(), None).unwrap();
+        append_durably(&mut store, &es).await;
+        let loc = locs(&store)[100];
+        assert!(
+            store.mem.read().cache_first() > 100,
+            "entry 100 is on disk only"
+        );
+        // A bit flip in the middle of entry 100's record (as a bad disk would).
+        let path = generation_path(&raft_dir.join("wal"), loc.generation);
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let at = loc.offset + u64::from(loc.len) / 2;
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, at).unwrap();
+        f.write_all_at(&[b[0] ^ 0x10], at).unwrap();
+        let err = store.try_get_log_entries(90..110).await;
+        assert!(err.is_err(), "corrupt record served");
+        assert!(format!("{:?}", err.err().unwrap()).contains("checksum"));
+        // Its neighbours in other records still read.
+        assert_eq!(
+            store.try_get_log_entries(101..110).await.ok().unwrap(),
+            es[101..110].to_vec()
+        );
+        // A location that names a valid record holding a different entry is refused too.
+        let wrong = Source::Disk {
+            file: store.mem.read().files[&loc.generation].clone(),
+            loc: locs(&store)[200],
+            log_id: es[201].log_id,
+        };
+        assert!(fetch(vec![wrong]).is_err());
+        wal.stop().await;
     }
 }
