@@ -13,20 +13,24 @@
 mod common;
 
 use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer, stream};
 use baton_client::testing::{Flavor, TestServer};
 use baton_client::{ClientConfig, SessionOptions};
-use baton_txn::pg::{Message, Outbox};
+use baton_txn::pg::{Message, Outbox, OutboxMessage, Schema};
 use baton_txn::relay::ha::{HaConfig, HaEvent, HaRelay};
 use baton_txn::relay::nats::JetStreamPublisher;
-use baton_txn::relay::{Fence, PgFence};
+use baton_txn::relay::{Fence, PgFence, PublishError, Publisher, RelayConfig};
 use baton_txn::Error;
 use common::{connect, connect_nats, fresh_schema, try_connect};
 use futures_util::StreamExt;
 
+const CHILD_ENV: &str = "BATON_TXN_HA_CHILD";
 const AGGREGATES: usize = 20;
 const PER_AGGREGATE: usize = 100;
 /// The session TTL of the relays: how long a dead or paused leader keeps its partition.
@@ -204,4 +208,245 @@ async fn two_instances_share_two_partitions_one_leader_each() {
         assert!(token > 0);
         assert_eq!(refusals, 0);
     }
+}
+
+// ---- relay processes ------------------------------------------------------------------------
+//
+// A relay child is this test binary re-run with `BATON_TXN_HA_CHILD=<instance>`; it runs a
+// `HaRelay` (one partition) and prints its events (`EVENT LEADING <token>`, `EVENT FENCED …`,
+// `EVENT LOST …`) and, every 50 ms, `DUPS <n>` (JetStream's duplicate acks so far). With
+// `BATON_TXN_HA_HOLD=<n>:<ms>` its n-th publish prints `REACHED` and then waits `ms` before it
+// goes on (the broker's ack delayed): the point where the parent kills or stops it, with part
+// of a batch published and none of it marked.
+
+struct HoldingPublisher {
+    inner: JetStreamPublisher,
+    published: AtomicUsize,
+    hold: Option<(usize, Duration)>,
+}
+
+impl Publisher for HoldingPublisher {
+    async fn publish(&self, message: &OutboxMessage) -> Result<(), PublishError> {
+        // Slow enough that a batch takes a while, so the kill lands inside one.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        self.inner.publish(message).await?;
+        let n = self.published.fetch_add(1, Ordering::SeqCst) + 1;
+        if let Some((at, hold)) = self.hold {
+            if n == at {
+                println!("REACHED {n}");
+                tokio::time::sleep(hold).await;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ha_child_process() {
+    let Ok(instance) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let endpoint = std::env::var("BATON_TXN_HA_ENDPOINT").unwrap();
+    let schema = Schema::new(std::env::var("BATON_TXN_HA_SCHEMA").unwrap()).unwrap();
+    let hold = std::env::var("BATON_TXN_HA_HOLD").ok().map(|h| {
+        let (n, ms) = h.split_once(':').unwrap();
+        (
+            n.parse().unwrap(),
+            Duration::from_millis(ms.parse().unwrap()),
+        )
+    });
+    let mut config = HaConfig::new(schema.name(), instance);
+    config.session = SessionOptions::new().with_ttl(TTL);
+    config.relay = RelayConfig {
+        batch_size: 100,
+        ..RelayConfig::default()
+    };
+    let ha = HaRelay::new(
+        baton(&endpoint).await,
+        Outbox::new(&schema),
+        HoldingPublisher {
+            inner: JetStreamPublisher::new(connect_nats().await),
+            published: AtomicUsize::new(0),
+            hold,
+        },
+        config,
+    )
+    .on_event(|e| match e {
+        HaEvent::Leading { token, .. } => println!("EVENT LEADING {token}"),
+        HaEvent::Fenced { message, .. } => println!("EVENT FENCED {message}"),
+        HaEvent::Lost { reason, .. } => println!("EVENT LOST {reason}"),
+    });
+    let publisher = ha.publisher().clone();
+    tokio::spawn(async move {
+        loop {
+            println!("DUPS {}", publisher.inner.duplicates());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    println!("STARTED");
+    ha.run(try_connect, std::future::pending()).await;
+}
+
+/// A relay child and everything it printed so far.
+struct RelayProcess {
+    name: &'static str,
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl RelayProcess {
+    fn start(name: &'static str, endpoint: &str, schema: &Schema, hold: Option<&str>) -> Self {
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command
+            .args([
+                "--exact",
+                "ha_child_process",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
+            .env(CHILD_ENV, name)
+            .env("BATON_TXN_HA_ENDPOINT", endpoint)
+            .env("BATON_TXN_HA_SCHEMA", schema.name())
+            .env("BATON_TEST_PG_URL", common::pg_url())
+            .env("BATON_TEST_NATS_URL", common::nats_url())
+            .stdout(Stdio::piped());
+        if let Some(hold) = hold {
+            command.env("BATON_TXN_HA_HOLD", hold);
+        }
+        let mut child = command.spawn().unwrap();
+        let lines: Arc<Mutex<Vec<String>>> = Arc::default();
+        let out = child.stdout.take().unwrap();
+        {
+            let lines = lines.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines() {
+                    let Ok(line) = line else { break };
+                    if !line.starts_with("DUPS") {
+                        println!("[{name}] {line}");
+                    }
+                    lines.lock().unwrap().push(line);
+                }
+            });
+        }
+        RelayProcess { name, child, lines }
+    }
+
+    /// The first line holding `prefix`, from `prefix` on (libtest's "test … ... " may come
+    /// first on the child's first line).
+    fn has(&self, prefix: &str) -> Option<String> {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .find_map(|l| l.find(prefix).map(|at| l[at..].to_string()))
+    }
+
+    /// Waits (polling, with a deadline) for a line starting with `prefix`.
+    async fn wait_for(&mut self, prefix: &str, deadline: Duration) -> String {
+        let until = Instant::now() + deadline;
+        loop {
+            if let Some(line) = self.has(prefix) {
+                return line;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("{} exited ({status}) before printing {prefix}", self.name);
+            }
+            assert!(
+                Instant::now() < until,
+                "{} did not print {prefix} within {deadline:?}",
+                self.name
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn duplicates(&self) -> u64 {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find_map(|l| l.strip_prefix("DUPS ").map(|n| n.parse().unwrap()))
+            .unwrap_or(0)
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
+        assert_eq!(rc, 0, "kill({}, {signal})", self.child.id());
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Setup {
+    server: TestServer,
+    schema: Schema,
+    stream: stream::Stream,
+}
+
+async fn setup(name: &str) -> Setup {
+    let server = TestServer::start(Flavor::Baton);
+    let schema = fresh_schema(name).await;
+    let js = jetstream::new(connect_nats().await);
+    let stream = fresh_stream(&js, &name.to_uppercase(), &format!("{name}.orders")).await;
+    common::enqueue_all(
+        &schema,
+        &format!("{name}.orders"),
+        AGGREGATES,
+        PER_AGGREGATE,
+    )
+    .await;
+    Setup {
+        server,
+        schema,
+        stream,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_active_relay_killed_the_other_takes_over() {
+    let mut s = setup("t_relay_ha_kill").await;
+    let total = AGGREGATES * PER_AGGREGATE;
+    let endpoint = s.server.endpoint();
+    // a holds its 550th publish (in its sixth batch of 100) long enough to be killed there.
+    let mut a = RelayProcess::start("a", &endpoint, &s.schema, Some("550:60000"));
+    let token_a = a.wait_for("EVENT LEADING", Duration::from_secs(30)).await;
+    let mut b = RelayProcess::start("b", &endpoint, &s.schema, None);
+    b.wait_for("STARTED", Duration::from_secs(30)).await;
+    a.wait_for("REACHED", Duration::from_secs(60)).await;
+    assert!(b.has("EVENT LEADING").is_none(), "b leads while a lives");
+
+    a.signal(libc::SIGKILL);
+    let killed = Instant::now();
+    let _ = a.child.wait();
+    let token_b = b.wait_for("EVENT LEADING", Duration::from_secs(30)).await;
+    let takeover = killed.elapsed();
+    common::wait_drained(&s.schema, Duration::from_secs(120)).await;
+    // The DUPS line is printed every 50 ms: wait for one printed after the drain.
+    let drained = b.lines.lock().unwrap().len();
+    let until = Instant::now() + Duration::from_secs(10);
+    while b.lines.lock().unwrap()[drained..]
+        .iter()
+        .all(|l| !l.starts_with("DUPS"))
+    {
+        assert!(Instant::now() < until, "b prints no DUPS");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let duplicates = b.duplicates();
+    println!(
+        "kill: a ({token_a}) SIGKILLed after 550 publishes; b ({token_b}) leading {takeover:?} \
+         later; {duplicates} republished duplicates dropped by JetStream"
+    );
+    assert!(
+        duplicates > 0,
+        "b republished what a had published but not marked"
+    );
+    drop(b);
+    assert_stream_exact(&mut s.stream, total).await;
 }
