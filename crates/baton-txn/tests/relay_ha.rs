@@ -375,6 +375,24 @@ impl RelayProcess {
         let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
         assert_eq!(rc, 0, "kill({}, {signal})", self.child.id());
     }
+
+    /// Waits until the kernel reports the process stopped (state `T` in /proc).
+    async fn wait_stopped(&self) {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))
+                .unwrap_or_default();
+            // The state follows the parenthesised command name.
+            if stat
+                .rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('T'))
+            {
+                return;
+            }
+            assert!(Instant::now() < until, "{} not stopped", self.name);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
 }
 
 impl Drop for RelayProcess {
@@ -447,6 +465,50 @@ async fn the_active_relay_killed_the_other_takes_over() {
         duplicates > 0,
         "b republished what a had published but not marked"
     );
+    drop(b);
+    assert_stream_exact(&mut s.stream, total).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_active_relay_paused_past_its_lease_is_fenced_when_it_resumes() {
+    let mut s = setup("t_relay_ha_stop").await;
+    let total = AGGREGATES * PER_AGGREGATE;
+    let endpoint = s.server.endpoint();
+    // a's 550th publish holds 3 s: the parent stops it there, mid-batch, nothing marked.
+    let mut a = RelayProcess::start("a", &endpoint, &s.schema, Some("550:3000"));
+    let token_a = a.wait_for("EVENT LEADING", Duration::from_secs(30)).await;
+    let mut b = RelayProcess::start("b", &endpoint, &s.schema, None);
+    b.wait_for("STARTED", Duration::from_secs(30)).await;
+    a.wait_for("REACHED", Duration::from_secs(60)).await;
+
+    a.signal(libc::SIGSTOP);
+    let stopped = Instant::now();
+    a.wait_stopped().await;
+    // Past a's lease: the only wait that is a matter of time, and b's election is its end.
+    let token_b = b.wait_for("EVENT LEADING", Duration::from_secs(30)).await;
+    let takeover = stopped.elapsed();
+    assert!(takeover >= TTL / 2, "b took over after {takeover:?}");
+
+    a.signal(libc::SIGCONT);
+    let fenced = a.wait_for("EVENT FENCED", Duration::from_secs(30)).await;
+    common::wait_drained(&s.schema, Duration::from_secs(120)).await;
+    let client = connect().await;
+    let (token, refusals) = PgFence::read(&s.schema, &client, &format!("{}/0", s.schema.name()))
+        .await
+        .unwrap()
+        .unwrap();
+    println!(
+        "sigstop: a ({token_a}) stopped mid-batch, b ({token_b}) leading {takeover:?} later; \
+         a resumed: {fenced}; fence row: token {token}, {refusals} refusals; b saw {} \
+         duplicates",
+        b.duplicates()
+    );
+    assert!(refusals >= 1, "the refusal is recorded in the fence row");
+    assert_eq!(
+        token.to_string(),
+        token_b.trim_start_matches("EVENT LEADING ")
+    );
+    drop(a);
     drop(b);
     assert_stream_exact(&mut s.stream, total).await;
 }
