@@ -125,7 +125,7 @@
 //!     with a session (a lease kept alive in the background), and the winner raises the
 //!     partition's [`relay::PgFence`] row to its fencing token (the leader key's create
 //!     revision, larger for every later leader) before publishing anything. Every progress
-//!     transaction then starts with `INSERT … ON CONFLICT DO UPDATE … WHERE token <= mine
+//!     transaction's first write is `INSERT … ON CONFLICT DO UPDATE … WHERE token <= mine
 //!     RETURNING`, which locks the row to COMMIT or finds a newer token and rolls back
 //!     ([`Error::Fenced`]). The check must be a statement of *that* transaction, in the
 //!     database being written: the session's lease can only tell a *running* process to stop;
