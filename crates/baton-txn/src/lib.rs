@@ -20,12 +20,15 @@
 //! - [`relay::Relay`] — publishes the outbox to a broker through a [`relay::Publisher`]:
 //!   [`relay::nats::JetStreamPublisher`] (feature `nats`) and [`relay::amqp::AmqpPublisher`]
 //!   (feature `amqp`), its progress writes guarded by a [`relay::Fence`].
+//! - [`relay::PgFence`] — the fence for several relays: a fencing token checked and raised
+//!   in PostgreSQL inside the mark-sent transaction; and [`relay::ha::HaRelay`] (feature
+//!   `baton`) — one active relay per outbox partition, chosen by a Baton election whose
+//!   fencing token is the fence's token.
 //!
 //! The PostgreSQL code sits behind the `postgres` feature, the HTTP layer behind `axum` and
 //! each broker client behind its own feature, so the plain crate (keys, fingerprints, stored
 //! responses) builds without a database driver and a PostgreSQL-only user builds no broker
-//! client. Relays that fail over to each other under a Baton election, with Baton's fencing
-//! tokens as their fence, are the next part.
+//! client; Baton's client (for [`relay::ha`]) comes with the feature `baton`.
 //!
 //! # Invariants
 //!
@@ -116,6 +119,38 @@
 //!     its writes roll back. The default [`relay::NoFence`] accepts everything and is right only
 //!     for a single relay; with it, two relays never lose a message but may duplicate and
 //!     reorder.
+//! 14. **One active relay per partition; a deposed one cannot write.** [`pg::Outbox::partition`]
+//!     splits the aggregates by `hashtext(aggregate) mod n` (computed by PostgreSQL, so all
+//!     relays agree); [`relay::ha::HaRelay`] campaigns for each partition in a Baton election
+//!     with a session (a lease kept alive in the background), and the winner raises the
+//!     partition's [`relay::PgFence`] row to its fencing token (the leader key's create
+//!     revision, larger for every later leader) before publishing anything. Every progress
+//!     transaction's first write is `INSERT … ON CONFLICT DO UPDATE … WHERE token <= mine
+//!     RETURNING`, which locks the row to COMMIT or finds a newer token and rolls back
+//!     ([`Error::Fenced`]). The check must be a statement of *that* transaction, in the
+//!     database being written: the session's lease can only tell a *running* process to stop;
+//!     a relay paused (SIGSTOP, a stall) between any earlier check and its write wakes up
+//!     still believing it leads, and nothing but the storage can refuse the write at that
+//!     moment. The deposed relay may have published in the meantime: duplicates (dropped by
+//!     JetStream or the inbox) and, because every relay publishes an aggregate in order and
+//!     only after the previous message was acked, no reordering of first copies.
+//!
+//! # Baton's own idempotency: exactly-once writes to Baton
+//!
+//! Baton itself de-duplicates client requests, the same idea applied to its replicated
+//! state: a write sent through `baton.v1.ExactlyOnce` (`baton_client::Client::exactly_once`)
+//! carries `(client session, sequence number)`, and the *state machine* — replicated, so
+//! every member and every later leader decides alike, across restarts and snapshots — applies
+//! each sequence once and answers a retry with the cached first answer (`Once::replayed`).
+//! A client whose connection broke or whose leader died retries the same sequence through any
+//! member until it gets an answer: the write takes effect exactly once. Answers are cached
+//! until the client acknowledges them; sessions expire after an idle timeout (10 minutes by
+//! default); both tables are bounded, and a retry whose answer was evicted fails with
+//! `StaleSequence` rather than applying twice (see `baton-core/src/clients.rs` and
+//! ARCHITECTURE.md). Plain etcd-API writes keep etcd's at-least-once ambiguity. Use it for
+//! state kept *in Baton* (configuration, counters, the fence gate); use this crate's
+//! idempotency keys and inbox for effects in PostgreSQL, where the dedup record must commit
+//! with the effect.
 //!
 //! Metrics (the `metrics` crate, label `schema`): `baton_txn_outbox_pending_rows` (the lag),
 //! `baton_txn_outbox_oldest_pending_seconds`, `baton_txn_outbox_dead_rows`,

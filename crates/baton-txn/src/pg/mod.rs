@@ -91,6 +91,18 @@ const MIGRATIONS: &[(i32, &str)] = &[
          CREATE INDEX outbox_sent ON {s}.outbox (sent_at) WHERE state = 'sent';
          CREATE INDEX outbox_dead ON {s}.outbox (seq) WHERE state = 'dead';",
     ),
+    (
+        3,
+        // One row per relay partition: the highest fencing token that has written progress
+        // there (see `relay::PgFence`). `refusals` counts the deposed relays' refused
+        // transactions, recorded after their rollback, for operators and the tests.
+        "CREATE TABLE {s}.relay_fence (
+             partition  text        PRIMARY KEY,
+             token      bigint      NOT NULL,
+             raised_at  timestamptz NOT NULL DEFAULT now(),
+             refusals   bigint      NOT NULL DEFAULT 0
+         );",
+    ),
 ];
 
 impl Schema {

@@ -149,6 +149,7 @@ struct Sql {
 pub struct Outbox {
     sql: Arc<Sql>,
     schema: Schema,
+    partition: Option<(u32, u32)>,
 }
 
 const COLUMNS: &str =
@@ -157,6 +158,16 @@ const COLUMNS: &str =
 impl Outbox {
     /// The outbox of `schema`.
     pub fn new(schema: &Schema) -> Self {
+        Outbox::build(schema, None)
+    }
+
+    fn build(schema: &Schema, partition: Option<(u32, u32)>) -> Self {
+        let filter = match partition {
+            Some((index, count)) => {
+                format!("AND mod(abs(hashtext(o.aggregate)::bigint), {count}) = {index}")
+            }
+            None => String::new(),
+        };
         let sql = Sql {
             enqueue: schema.sql(
                 "INSERT INTO {s}.outbox (id, aggregate, topic, header_names, header_values, payload)
@@ -168,7 +179,7 @@ impl Outbox {
             // aggregates whose head is waiting out a backoff.
             batch: schema.sql(&format!(
                 "SELECT {COLUMNS} FROM {{s}}.outbox o
-                 WHERE o.state = 'pending'
+                 WHERE o.state = 'pending' {filter}
                    AND o.xid < pg_snapshot_xmin(pg_current_snapshot())
                    AND NOT EXISTS (
                        SELECT 1 FROM {{s}}.outbox b
@@ -219,7 +230,28 @@ impl Outbox {
         Outbox {
             sql: Arc::new(sql),
             schema: schema.clone(),
+            partition,
         }
+    }
+
+    /// The same outbox, read by a relay for partition `index` of `count` only: the
+    /// aggregates whose `hashtext(aggregate)` falls in it. An aggregate lives in exactly one
+    /// partition, so per-aggregate order needs nothing across partitions, and each partition
+    /// can have its own active relay ([`crate::relay::ha`]). PostgreSQL computes the hash,
+    /// so every relay agrees on it whatever language or version it runs. Every relay of an
+    /// outbox must use the same `count`; changing it needs all relays stopped first (two
+    /// counts would put one aggregate into two partitions with two active relays).
+    ///
+    /// # Panics
+    /// If `count` is 0 or `index >= count`.
+    pub fn partition(&self, index: u32, count: u32) -> Outbox {
+        assert!(index < count, "partition {index} of {count}");
+        Outbox::build(&self.schema, Some((index, count)))
+    }
+
+    /// `(index, count)` if this outbox is one partition's view ([`Outbox::partition`]).
+    pub fn partition_of(&self) -> Option<(u32, u32)> {
+        self.partition
     }
 
     /// The schema the table lives in.

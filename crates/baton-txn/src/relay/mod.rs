@@ -19,17 +19,25 @@
 //! behind `amqp`); [`Fence`] guards the progress write. The default [`NoFence`] is correct
 //! only while one relay at a time works on an outbox: two unfenced relays never lose a
 //! message either, but they publish duplicates and may interleave one aggregate's messages
-//! out of order. Several relays with an election need a fence that refuses a deposed
-//! relay's writes (Baton's fencing tokens; the next part of this crate).
+//! out of order. Several relays need [`PgFence`], a fencing token checked in PostgreSQL,
+//! and [`ha::HaRelay`] (feature `baton`) runs one active relay per partition by a Baton
+//! election whose fencing token it is.
 
 #[cfg(feature = "amqp")]
 pub mod amqp;
+mod fence;
+#[cfg(feature = "baton")]
+pub mod ha;
 #[cfg(feature = "nats")]
 pub mod nats;
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+pub use fence::PgFence;
 
 use rand::Rng;
 use tokio_postgres::{Client, Transaction};
@@ -68,6 +76,17 @@ pub trait Publisher: Send + Sync {
         &self,
         message: &OutboxMessage,
     ) -> impl Future<Output = Result<(), PublishError>> + Send;
+}
+
+/// One publisher shared by several relays (one per partition, [`ha::HaRelay`]): a broker
+/// connection is multiplexed, so partitions need not each open their own.
+impl<P: Publisher> Publisher for Arc<P> {
+    fn publish(
+        &self,
+        message: &OutboxMessage,
+    ) -> impl Future<Output = Result<(), PublishError>> + Send {
+        (**self).publish(message)
+    }
 }
 
 /// Guards the relay's progress writes (mark-sent, attempt counts) against a relay that is no
@@ -298,25 +317,74 @@ impl<P: Publisher, F: Fence> Relay<P, F> {
     {
         tokio::select! {
             () = shutdown => Ok(()),
-            result = self.run_forever(connect) => result,
+            result = self.run_rounds(connect, std::future::pending()) => result,
         }
     }
 
-    async fn run_forever<C, Fut>(&self, mut connect: C) -> Result<(), Error>
+    /// Like [`Relay::run`], but `stop` never cuts a round short: it is looked at between
+    /// rounds and during the waits, and a round that has started runs to its COMMIT (or its
+    /// fence refusal). [`ha::HaRelay`] stops this way when it loses its leadership, so that
+    /// a relay deposed in the middle of a round — the case the fence exists for, since a
+    /// paused process cannot notice its deposition in time — meets the fence instead of
+    /// vanishing; either ending is safe, this one is observable.
+    pub async fn run_until<C, Fut>(
+        &self,
+        connect: C,
+        stop: impl Future<Output = ()>,
+    ) -> Result<(), Error>
     where
         C: FnMut() -> Fut,
         Fut: Future<Output = Result<Client, Error>>,
     {
+        self.run_rounds(connect, stop).await
+    }
+
+    async fn run_rounds<C, Fut>(
+        &self,
+        mut connect: C,
+        stop: impl Future<Output = ()>,
+    ) -> Result<(), Error>
+    where
+        C: FnMut() -> Fut,
+        Fut: Future<Output = Result<Client, Error>>,
+    {
+        let mut stop = pin!(stop);
+        let mut stopped = false;
+        // Waits `d`, or less if `stop` completes; returns whether it did.
+        macro_rules! wait {
+            ($d:expr) => {{
+                let d = $d;
+                if !stopped {
+                    tokio::select! {
+                        () = &mut stop => stopped = true,
+                        () = tokio::time::sleep(d) => {}
+                    }
+                }
+                stopped
+            }};
+        }
         let mut client: Option<Client> = None;
         let mut failures = 0;
         let mut metrics_due = Instant::now();
         loop {
+            if stopped {
+                return Ok(());
+            }
+            tokio::select! {
+                biased;
+                () = &mut stop => return Ok(()),
+                () = std::future::ready(()) => {}
+            }
             if client.as_ref().is_none_or(|c| c.is_closed()) {
-                match connect().await {
+                let connected = tokio::select! {
+                    () = &mut stop => return Ok(()),
+                    connected = connect() => connected,
+                };
+                match connected {
                     Ok(c) => client = Some(c),
                     Err(e) => {
                         tracing::warn!("relay: cannot connect to the database: {e}");
-                        tokio::time::sleep(self.backoff(failures)).await;
+                        wait!(self.backoff(failures));
                         failures += 1;
                         continue;
                     }
@@ -332,12 +400,12 @@ impl<P: Publisher, F: Fence> Relay<P, F> {
             match self.run_once(c).await {
                 Ok(report) => {
                     if report.unavailable > 0 {
-                        tokio::time::sleep(self.backoff(failures)).await;
+                        wait!(self.backoff(failures));
                         failures += 1;
                     } else {
                         failures = 0;
                         if report.read == 0 {
-                            tokio::time::sleep(self.config.poll_interval).await;
+                            wait!(self.config.poll_interval);
                         }
                     }
                 }
@@ -345,7 +413,7 @@ impl<P: Publisher, F: Fence> Relay<P, F> {
                 Err(e) => {
                     tracing::warn!("relay: round failed, reconnecting: {e}");
                     client = None;
-                    tokio::time::sleep(self.backoff(failures)).await;
+                    wait!(self.backoff(failures));
                     failures += 1;
                 }
             }
