@@ -34,28 +34,53 @@ impl Baton {
         Baton::start_with(data_dir, &[])
     }
 
-    /// Like [`Baton::start`], with extra `baton serve` flags.
+    /// Like [`Baton::start`], with extra `baton serve` flags. If a port was taken between
+    /// choosing it and the server binding it (another process on this machine may listen on
+    /// any free port meanwhile), starts again on fresh ports.
     pub fn start_with(data_dir: &Path, extra_args: &[&str]) -> Baton {
-        let mut b = Baton {
-            child: None,
-            data_dir: data_dir.to_path_buf(),
-            client_port: free_port_below_ephemeral(),
-            metrics_port: free_port_below_ephemeral(),
-            peer_port: free_port_below_ephemeral(),
-            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
-        };
-        b.spawn();
-        b
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut b = Baton {
+                child: None,
+                data_dir: data_dir.to_path_buf(),
+                client_port: free_port_below_ephemeral(),
+                metrics_port: free_port_below_ephemeral(),
+                peer_port: free_port_below_ephemeral(),
+                extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
+            };
+            match b.try_spawn() {
+                Ok(()) => return b,
+                Err(log) if attempt < 3 && log.contains("Address already in use") => {
+                    let _ = std::fs::remove_dir_all(data_dir);
+                    continue;
+                }
+                Err(log) => panic!("baton did not start serving; log: {log}"),
+            }
+        }
     }
 
     /// Starts (again) on the same ports and data directory.
     pub fn spawn(&mut self) {
+        if let Err(log) = self.try_spawn() {
+            panic!("baton did not start serving; log: {log}");
+        }
+    }
+
+    /// Spawns `baton serve` and waits until *this* process serves its client port: its log
+    /// says so and the port accepts. A connect alone could reach some other process that
+    /// briefly listens on the port; then the server itself fails to bind and exits, and the
+    /// test would go on against nothing. Err(log) if it exits or does not serve in 20 s.
+    fn try_spawn(&mut self) -> Result<(), String> {
         assert!(self.child.is_none(), "already running");
+        let log_path = self.data_dir.with_extension("log");
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.data_dir.with_extension("log"))
+            .open(&log_path)
             .expect("open log file");
+        // The log is appended to across restarts: only what this run writes counts.
+        let log_start = log.metadata().map(|m| m.len()).unwrap_or(0) as usize;
         let child = Command::new(env!("CARGO_BIN_EXE_baton"))
             .arg("serve")
             .arg("--data-dir")
@@ -73,8 +98,33 @@ impl Baton {
             .spawn()
             .expect("spawn baton serve");
         self.child = Some(child);
-        wait_for_port(self.client_port, Duration::from_secs(20))
-            .unwrap_or_else(|| panic!("baton did not listen; log: {}", self.log()));
+        let serving = format!("serving client=[127.0.0.1:{}]", self.client_port);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let exited = self
+                .child
+                .as_mut()
+                .expect("just spawned")
+                .try_wait()
+                .expect("check on baton serve")
+                .is_some();
+            let text = std::fs::read(&log_path).unwrap_or_default();
+            let ours = String::from_utf8_lossy(text.get(log_start..).unwrap_or_default());
+            if exited {
+                self.child = None;
+                return Err(ours.into_owned());
+            }
+            if ours.contains(&serving)
+                && std::net::TcpStream::connect(("127.0.0.1", self.client_port)).is_ok()
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                self.kill9();
+                return Err(ours.into_owned());
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
     }
 
     pub fn endpoint(&self) -> String {
