@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, consumer, stream};
+use async_nats::jetstream::{self, stream};
 use baton_client::testing::{Flavor, TestServer};
 use baton_client::{ClientConfig, SessionOptions};
 use baton_txn::pg::{Message, Outbox, OutboxMessage, Schema};
@@ -27,8 +27,7 @@ use baton_txn::relay::ha::{HaConfig, HaEvent, HaRelay};
 use baton_txn::relay::nats::JetStreamPublisher;
 use baton_txn::relay::{Fence, PgFence, PublishError, Publisher, RelayConfig};
 use baton_txn::Error;
-use common::{connect, connect_nats, fresh_schema, try_connect};
-use futures_util::StreamExt;
+use common::{connect, connect_nats, fresh_schema, fresh_stream, read_stream, try_connect};
 
 const CHILD_ENV: &str = "BATON_TXN_HA_CHILD";
 const AGGREGATES: usize = 20;
@@ -40,50 +39,6 @@ async fn baton(endpoint: &str) -> baton_client::Client {
     baton_client::Client::connect(ClientConfig::new([endpoint.to_string()]))
         .await
         .unwrap()
-}
-
-async fn fresh_stream(js: &jetstream::Context, name: &str, subject: &str) -> stream::Stream {
-    let _ = js.delete_stream(name).await;
-    js.create_stream(stream::Config {
-        name: name.to_string(),
-        subjects: vec![subject.to_string()],
-        duplicate_window: Duration::from_secs(120),
-        ..Default::default()
-    })
-    .await
-    .unwrap()
-}
-
-/// Every payload of the stream, in stream order, with its message id.
-async fn read_stream(stream: &mut stream::Stream) -> Vec<(String, String)> {
-    let total = stream.info().await.unwrap().state.messages as usize;
-    let consumer = stream
-        .create_consumer(consumer::pull::Config {
-            ack_policy: consumer::AckPolicy::None,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let mut out = Vec::with_capacity(total);
-    while out.len() < total {
-        let mut batch = consumer
-            .fetch()
-            .max_messages(1000)
-            .messages()
-            .await
-            .unwrap();
-        while let Some(message) = batch.next().await {
-            let message = message.unwrap();
-            let id = message
-                .headers
-                .as_ref()
-                .and_then(|h| h.get("Nats-Msg-Id"))
-                .expect("Nats-Msg-Id")
-                .to_string();
-            out.push((id, String::from_utf8(message.payload.to_vec()).unwrap()));
-        }
-    }
-    out
 }
 
 /// The consumer's checks: every message exactly once, each aggregate in order.
@@ -154,7 +109,7 @@ async fn two_instances_share_two_partitions_one_leader_each() {
     let nats = connect_nats().await;
     let js = jetstream::new(nats.clone());
     let subject = "t_relay_ha_parts.orders";
-    let mut stream = fresh_stream(&js, "T_RELAY_HA_PARTS", subject).await;
+    let mut stream = fresh_stream(&js, "T_RELAY_HA_PARTS", &[subject]).await;
     common::enqueue_all(&schema, subject, AGGREGATES, PER_AGGREGATE).await;
 
     let leading: Arc<Mutex<Vec<(String, u32, i64)>>> = Arc::default();
@@ -412,7 +367,7 @@ async fn setup(name: &str) -> Setup {
     let server = TestServer::start(Flavor::Baton);
     let schema = fresh_schema(name).await;
     let js = jetstream::new(connect_nats().await);
-    let stream = fresh_stream(&js, &name.to_uppercase(), &format!("{name}.orders")).await;
+    let stream = fresh_stream(&js, &name.to_uppercase(), &[&format!("{name}.orders")]).await;
     common::enqueue_all(
         &schema,
         &format!("{name}.orders"),

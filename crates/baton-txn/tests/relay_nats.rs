@@ -8,12 +8,11 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer, stream};
+use async_nats::jetstream;
 use baton_txn::pg::{Message, Outbox, Schema};
 use baton_txn::relay::nats::JetStreamPublisher;
 use baton_txn::relay::{Relay, RelayConfig};
-use common::{connect, connect_nats, fresh_schema, try_connect};
-use futures_util::StreamExt;
+use common::{connect, connect_nats, fresh_schema, fresh_stream, read_stream, try_connect};
 
 const SCHEMA: &str = "t_relay_nats";
 const STREAM: &str = "T_RELAY_NATS";
@@ -29,52 +28,6 @@ async fn fault_child_process() {
     };
     let publisher = JetStreamPublisher::new(connect_nats().await);
     common::run_faulty_relay(&Schema::new(SCHEMA).unwrap(), publisher, &fault).await;
-}
-
-async fn fresh_stream(js: &jetstream::Context, name: &str, subjects: &[&str]) -> stream::Stream {
-    let _ = js.delete_stream(name).await;
-    js.create_stream(stream::Config {
-        name: name.to_string(),
-        subjects: subjects.iter().map(|s| s.to_string()).collect(),
-        // The default; said here because the test depends on it: duplicates published
-        // within two minutes of the original are dropped.
-        duplicate_window: Duration::from_secs(120),
-        ..Default::default()
-    })
-    .await
-    .unwrap()
-}
-
-/// Every message of the stream, in stream order: (message id, payload).
-async fn read_stream(stream: &mut stream::Stream) -> Vec<(String, String)> {
-    let total = stream.info().await.unwrap().state.messages as usize;
-    let consumer = stream
-        .create_consumer(consumer::pull::Config {
-            ack_policy: consumer::AckPolicy::None,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let mut out = Vec::with_capacity(total);
-    while out.len() < total {
-        let mut batch = consumer
-            .fetch()
-            .max_messages(1000)
-            .messages()
-            .await
-            .unwrap();
-        while let Some(message) = batch.next().await {
-            let message = message.unwrap();
-            let id = message
-                .headers
-                .as_ref()
-                .and_then(|h| h.get("Nats-Msg-Id"))
-                .expect("Nats-Msg-Id")
-                .to_string();
-            out.push((id, String::from_utf8(message.payload.to_vec()).unwrap()));
-        }
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

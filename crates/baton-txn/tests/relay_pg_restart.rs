@@ -14,12 +14,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use async_nats::jetstream::{self, consumer, stream};
+use async_nats::jetstream::{self, stream};
 use baton_txn::pg::{Outbox, OutboxMessage};
 use baton_txn::relay::nats::JetStreamPublisher;
 use baton_txn::relay::{PublishError, Publisher, Relay, RelayConfig};
 use common::{connect, connect_nats, fresh_schema, try_connect};
-use futures_util::StreamExt;
 
 const SUBJECT: &str = "t_relay_restart.orders";
 const AGGREGATES: usize = 30;
@@ -137,35 +136,9 @@ async fn postgres_restarted_under_a_running_relay_loses_nothing() {
     let relay = running.await.unwrap();
     drop(guard);
 
-    let stored = stream.info().await.unwrap().state.messages as usize;
-    let consumer = stream
-        .create_consumer(consumer::pull::Config {
-            ack_policy: consumer::AckPolicy::None,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let mut payloads = Vec::new();
-    let mut ids = HashSet::new();
-    while payloads.len() < stored {
-        let mut batch = consumer
-            .fetch()
-            .max_messages(1000)
-            .messages()
-            .await
-            .unwrap();
-        while let Some(message) = batch.next().await {
-            let message = message.unwrap();
-            let id = message
-                .headers
-                .as_ref()
-                .unwrap()
-                .get("Nats-Msg-Id")
-                .unwrap();
-            ids.insert(id.to_string());
-            payloads.push(String::from_utf8(message.payload.to_vec()).unwrap());
-        }
-    }
+    let messages = common::read_stream(&mut stream).await;
+    let ids: HashSet<&str> = messages.iter().map(|(id, _)| id.as_str()).collect();
+    let payloads: Vec<String> = messages.iter().map(|(_, p)| p.clone()).collect();
     println!(
         "after the restart: {} in the stream, {} distinct, {} duplicates dropped",
         payloads.len(),

@@ -278,16 +278,18 @@ impl<P: Publisher + 'static> HaRelay<P> {
                     });
                 }
                 Err(Error::Fenced(message)) => {
-                    self.emit(HaEvent::Fenced {
-                        partition: index,
-                        token,
-                        message,
-                    });
+                    // Recorded before the event is emitted, so whoever sees the event finds
+                    // the refusal counted in the fence row.
                     if let Ok(client) = connect().await {
                         if let Err(e) = fence.record_refusal(&client).await {
                             tracing::debug!("relay: refusal not recorded: {e}");
                         }
                     }
+                    self.emit(HaEvent::Fenced {
+                        partition: index,
+                        token,
+                        message,
+                    });
                     let _ = leadership.resign().await;
                 }
                 Err(e) => {

@@ -298,3 +298,59 @@ pub fn run_child_until_killed(fault: &str) {
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
 }
+
+/// A JetStream stream `name` on `subjects`, created afresh (a leftover from an earlier run is
+/// deleted first).
+pub async fn fresh_stream(
+    js: &async_nats::jetstream::Context,
+    name: &str,
+    subjects: &[&str],
+) -> async_nats::jetstream::stream::Stream {
+    let _ = js.delete_stream(name).await;
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: name.to_string(),
+        subjects: subjects.iter().map(|s| s.to_string()).collect(),
+        // The default; said here because the tests depend on it: duplicates published
+        // within two minutes of the original are dropped.
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
+/// Every message of the stream, in stream order: (message id, payload).
+pub async fn read_stream(
+    stream: &mut async_nats::jetstream::stream::Stream,
+) -> Vec<(String, String)> {
+    use async_nats::jetstream::consumer;
+    use futures_util::StreamExt;
+    let total = stream.info().await.unwrap().state.messages as usize;
+    let consumer = stream
+        .create_consumer(consumer::pull::Config {
+            ack_policy: consumer::AckPolicy::None,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut out = Vec::with_capacity(total);
+    while out.len() < total {
+        let mut batch = consumer
+            .fetch()
+            .max_messages(1000)
+            .messages()
+            .await
+            .unwrap();
+        while let Some(message) = batch.next().await {
+            let message = message.unwrap();
+            let id = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("Nats-Msg-Id"))
+                .expect("Nats-Msg-Id")
+                .to_string();
+            out.push((id, String::from_utf8(message.payload.to_vec()).unwrap()));
+        }
+    }
+    out
+}
