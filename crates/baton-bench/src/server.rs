@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use baton_proto::etcdserverpb::maintenance_client::MaintenanceClient;
-use baton_proto::etcdserverpb::StatusRequest;
+use baton_proto::etcdserverpb::{StatusRequest, StatusResponse};
 use serde::{Deserialize, Serialize};
 
 use crate::engine;
@@ -264,17 +264,9 @@ impl Deployment {
                 if self.members[i].child.is_none() {
                     continue;
                 }
-                let status = async {
-                    let ch = engine::channel(ep, Duration::from_secs(1)).await?;
-                    let s = MaintenanceClient::new(ch)
-                        .status(StatusRequest {})
-                        .await?
-                        .into_inner();
-                    Ok::<_, anyhow::Error>(s.header.map_or(0, |h| h.revision))
-                };
-                match tokio::time::timeout(Duration::from_secs(2), status).await {
-                    Ok(Ok(rev)) => revisions.push(rev),
-                    _ => revisions.push(-1),
+                match member_status(ep).await {
+                    Ok(s) => revisions.push(s.header.map_or(0, |h| h.revision)),
+                    Err(_) => revisions.push(-1),
                 }
             }
             if revisions.iter().all(|&r| r >= 0 && r == revisions[0]) {
@@ -299,18 +291,7 @@ impl Deployment {
             if self.members[i].child.is_none() {
                 continue;
             }
-            let status = async {
-                let ch = engine::channel(ep, Duration::from_secs(1)).await?;
-                let s = MaintenanceClient::new(ch)
-                    .status(StatusRequest {})
-                    .await?
-                    .into_inner();
-                Ok::<_, anyhow::Error>(s)
-            };
-            let s = tokio::time::timeout(Duration::from_secs(2), status)
-                .await
-                .map_err(|_| anyhow::anyhow!("Status of {ep} timed out"))?
-                .with_context(|| format!("Status of {ep}"))?;
+            let s = member_status(ep).await?;
             ids.push((i, s.header.map_or(0, |h| h.member_id)));
             leaders.push(s.leader);
         }
@@ -371,6 +352,22 @@ impl Deployment {
             .collect::<Vec<_>>()
             .join("\n")
     }
+}
+
+/// Maintenance.Status of one member, within 2 s (1 s to connect).
+async fn member_status(ep: &str) -> Result<StatusResponse> {
+    let status = async {
+        let ch = engine::channel(ep, Duration::from_secs(1)).await?;
+        let s = MaintenanceClient::new(ch)
+            .status(StatusRequest {})
+            .await?
+            .into_inner();
+        Ok::<_, anyhow::Error>(s)
+    };
+    tokio::time::timeout(Duration::from_secs(2), status)
+        .await
+        .map_err(|_| anyhow::anyhow!("Status of {ep} timed out"))?
+        .with_context(|| format!("Status of {ep}"))
 }
 
 fn tail(path: &Path) -> String {
