@@ -165,12 +165,18 @@ mod fingerprint;
 mod key;
 mod response;
 
+#[cfg(feature = "coordination")]
+pub mod coordination;
 #[cfg(feature = "axum")]
 pub mod http;
 #[cfg(feature = "postgres")]
 pub mod pg;
 #[cfg(feature = "postgres")]
 pub mod relay;
+#[cfg(feature = "saga")]
+pub mod saga;
+#[cfg(feature = "twopc")]
+pub mod twopc;
 
 pub use error::Error;
 pub use fingerprint::Fingerprint;

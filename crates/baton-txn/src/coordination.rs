@@ -1,0 +1,160 @@
+//! What two-phase commit ([`crate::twopc`]) and sagas ([`crate::saga`]) share: their records
+//! live in Baton as JSON values, and the writes of a background worker (the Recoverer, the
+//! saga orchestrator) are fenced by the Baton election it runs under.
+//!
+//! Why Baton and not the worker's own disk: a record in Baton's replicated log survives the
+//! worker, so any other instance can read it and finish the job. That is what turns 2PC from a
+//! blocking protocol (participants wait for the one coordinator that knows the decision) into
+//! one that goes on while a Baton majority is up.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use baton_client::{Client, Compare, CompareOp, GetOptions, Leadership};
+use serde::de::DeserializeOwned;
+
+/// The fence of a worker elected through a Baton [`baton_client::Election`]: a write carrying
+/// it succeeds only while the worker's leader key still exists with the create revision it
+/// was elected with (its fencing token). The check is part of the same Baton transaction as
+/// the write, so a worker that was paused past its session and deposed meanwhile cannot
+/// write when it wakes up: its key is gone, or a newer leader's key replaced it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaderFence {
+    key: Vec<u8>,
+    token: i64,
+}
+
+impl LeaderFence {
+    /// The fence of `leadership`.
+    pub fn of(leadership: &Leadership) -> LeaderFence {
+        LeaderFence {
+            key: leadership.key().to_vec(),
+            token: leadership.fencing_token(),
+        }
+    }
+
+    /// A fence from its parts: the leader key and its create revision.
+    pub fn new(key: impl Into<Vec<u8>>, token: i64) -> LeaderFence {
+        LeaderFence {
+            key: key.into(),
+            token,
+        }
+    }
+
+    /// The fencing token.
+    pub fn token(&self) -> i64 {
+        self.token
+    }
+
+    /// The comparison that holds only while this leadership lasts.
+    pub(crate) fn compare(&self) -> Compare {
+        Compare::create_revision(self.key.clone(), CompareOp::Equal, self.token)
+    }
+
+    /// Whether the leadership still holds (a read; a write must use [`Self::compare`] in its
+    /// own transaction instead).
+    pub(crate) async fn holds(&self, client: &Client) -> Result<bool, LogError> {
+        let r = client.get(self.key.clone(), GetOptions::new()).await?;
+        Ok(r.kvs.first().map(|kv| kv.create_revision) == Some(self.token))
+    }
+}
+
+/// Errors of the records kept in Baton.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LogError {
+    /// Baton could not be reached or refused the request.
+    #[error("Baton: {0}")]
+    Baton(#[from] baton_client::Error),
+    /// The worker's leadership is gone: a write carrying its [`LeaderFence`] was refused. The
+    /// worker must stop; a newer leader carries on.
+    #[error("fenced off: the leadership with token {token} is gone")]
+    Fenced {
+        /// The stale token.
+        token: i64,
+    },
+    /// A record could not be decoded (written by an incompatible version, or not by us).
+    #[error("record {key} is not readable: {reason}")]
+    Corrupt {
+        /// The key.
+        key: String,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The request is not valid (an unknown id, a wrong state for an operator action).
+    #[error("{0}")]
+    Invalid(String),
+    /// A record kept changing under a compare-and-set loop (many writers at once).
+    #[error("record {0} kept changing; try again")]
+    Contended(String),
+}
+
+/// Milliseconds since the Unix epoch on this machine's clock. Used for deadlines and for
+/// display only; no safety property depends on clocks agreeing (a decision is a
+/// compare-and-set, whoever makes it).
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Decodes a JSON record read from `key`.
+pub(crate) fn decode<T: DeserializeOwned>(key: &[u8], value: &[u8]) -> Result<T, LogError> {
+    serde_json::from_slice(value).map_err(|e| LogError::Corrupt {
+        key: String::from_utf8_lossy(key).into_owned(),
+        reason: e.to_string(),
+    })
+}
+
+/// Encodes a record as JSON.
+pub(crate) fn encode<T: serde::Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).expect("records are plain data and always encode")
+}
+
+/// The end of the key range that holds every key starting with `prefix`.
+pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+/// Checks a namespace: it appears in keys and in the global transaction ids sent to
+/// databases, so it is short and plain.
+pub(crate) fn check_namespace(ns: &str) -> Result<(), LogError> {
+    if ns.is_empty()
+        || ns.len() > 16
+        || !ns
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        return Err(LogError::Invalid(format!(
+            "invalid namespace {ns:?}: use 1-16 of [A-Za-z0-9_-]"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_end_covers_the_prefix() {
+        assert_eq!(prefix_end(b"a/"), b"a0".to_vec());
+        assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
+        assert_eq!(prefix_end(b"\xff\xff"), vec![0]);
+    }
+
+    #[test]
+    fn namespaces_are_short_and_plain() {
+        assert!(check_namespace("bank-1").is_ok());
+        assert!(check_namespace("").is_err());
+        assert!(check_namespace("a:b").is_err());
+        assert!(check_namespace("seventeen-chars-x").is_err());
+    }
+}

@@ -1,0 +1,1 @@
+//! Sagas (in progress).

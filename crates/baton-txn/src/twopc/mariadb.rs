@@ -1,0 +1,1 @@
+//! MariaDB XA participant (in progress).
