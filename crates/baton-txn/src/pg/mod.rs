@@ -103,6 +103,15 @@ const MIGRATIONS: &[(i32, &str)] = &[
              refusals   bigint      NOT NULL DEFAULT 0
          );",
     ),
+    (
+        4,
+        // The 2PC marker rows (`crate::twopc::pg`): one per branch, inserted inside the
+        // branch before PREPARE, so it commits exactly when the branch does.
+        "CREATE TABLE {s}.twopc_marker (
+             gid        text        PRIMARY KEY,
+             created_at timestamptz NOT NULL DEFAULT now()
+         );",
+    ),
 ];
 
 impl Schema {

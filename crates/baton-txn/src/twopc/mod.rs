@@ -8,16 +8,22 @@
 //!
 //! (Module documentation continues in the coordinator's slice.)
 
+mod coordinator;
 mod ids;
 mod log;
 mod participant;
+#[cfg(feature = "postgres")]
+pub mod pg;
+mod recoverer;
 
+pub use coordinator::{Coordinator, FaultPoint, GlobalTx, Outcome, TwoPcConfig, TxError};
 pub use ids::{BranchId, Gid, IdError, TxId, GID_PREFIX};
 pub use log::{
     gid_of, BatonDecisionLog, BranchRecord, BranchState, Decision, DecisionLog, DecisionRecord,
     InMemoryDecisionLog, Intent, IntentBranch, TxRecord, TxState,
 };
 pub use participant::{BoxFuture, Branch, Finish, ParticipantError, PreparedBranch, Resource};
+pub use recoverer::{Recoverer, RecovererConfig, RecoveryError, RecoveryReport};
 
 #[cfg(feature = "mariadb")]
 pub mod mariadb;

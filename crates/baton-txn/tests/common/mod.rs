@@ -191,6 +191,8 @@ pub async fn wait_drained(schema: &Schema, deadline: Duration) {
 // - `mid_batch`: after 1,234 messages of this process, inside a batch: some of the batch's
 //   messages are out, the rest not, none of them marked.
 
+pub mod bank;
+
 pub const FAULT_ENV: &str = "BATON_TXN_RELAY_FAULT";
 
 fn reached(fault: &str) -> ! {
