@@ -53,6 +53,7 @@ impl LeaderFence {
 
     /// Whether the leadership still holds (a read; a write must use [`Self::compare`] in its
     /// own transaction instead).
+    #[cfg_attr(not(feature = "twopc"), allow(dead_code))]
     pub(crate) async fn holds(&self, client: &Client) -> Result<bool, LogError> {
         let r = client.get(self.key.clone(), GetOptions::new()).await?;
         Ok(r.kvs.first().map(|kv| kv.create_revision) == Some(self.token))

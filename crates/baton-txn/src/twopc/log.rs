@@ -3,13 +3,13 @@
 //! transaction); [`InMemoryDecisionLog`] keeps them in one process's memory and exists to show
 //! what that costs (a crash loses the decision and leaves branches in doubt).
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
 use baton_client::{
     Client, Compare, CompareOp, DeleteOptions, GetOptions, Op, PutOptions, SortOrder, SortTarget,
     Txn,
 };
 use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
 
 use super::ids::{BranchId, Gid, TxId};
 use super::participant::BoxFuture;
