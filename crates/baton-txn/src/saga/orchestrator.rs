@@ -892,8 +892,10 @@ fn record_action(
         s.state = StepState::Failed;
         s.finished_ms = Some(now);
         let why = format!(
-            "step {step} ({}) failed after {} attempts: {error}",
-            spec.name, s.attempts
+            "step {step} ({}) failed after {} attempt{}: {error}",
+            spec.name,
+            s.attempts,
+            if s.attempts == 1 { "" } else { "s" }
         );
         r.start_compensation(specs, why);
     } else {

@@ -396,8 +396,9 @@ fn status_line(rec: &SagaRecord) -> String {
             attempts,
             last_error,
         } => format!(
-            "stuck on the compensation of step {step} ({}) after {attempts} attempts: {}",
+            "stuck on the compensation of step {step} ({}) after {attempts} attempt{}: {}",
             rec.steps.get(*step).map_or("?", |s| s.name.as_str()),
+            if *attempts == 1 { "" } else { "s" },
             one_line(Some(last_error))
         ),
         s => s.name().into(),
