@@ -438,7 +438,7 @@ impl SagaLog {
         Ok(out)
     }
 
-    /// The sagas that are not finished (running, compensating or stuck).
+    /// The sagas that are not finished (running, compensating or stuck), oldest first.
     pub async fn open(&self) -> Result<Vec<SagaRecord>, SagaError> {
         let prefix = self.open_prefix();
         let r = retry(|| async {
@@ -458,6 +458,7 @@ impl SagaLog {
                 out.push(rec);
             }
         }
+        out.sort_by_key(|r| r.created_ms);
         Ok(out)
     }
 

@@ -16,7 +16,7 @@
 //!   actions `cancel`, `retry_stuck` and `skip_step`; usable without the definitions (the
 //!   `baton saga` command is built on it).
 //! - [`Orchestrator`] — drives the sagas of a namespace under a Baton election.
-//! - `StepFence` (with feature `postgres`) — the participant's side in PostgreSQL: one row per
+//! - [`StepFence`] (with feature `postgres`) — the participant's side in PostgreSQL: one row per
 //!   step in the participant's own transaction, for exactly-once effects, empty compensations
 //!   and refusing actions that arrive after their compensation.
 //!
@@ -37,7 +37,7 @@
 //! 2. **Every step has a stable idempotency key**, `<namespace>/<saga id>/<step>` (and
 //!    `…/undo` for its compensation), the same for every attempt and every orchestrator. So
 //!    delivery is at least once and, with a participant that records the key with its effect
-//!    ([`StepFence`](crate::saga::StepFence)), the effect is exactly once.
+//!    ([`StepFence`]), the effect is exactly once.
 //! 3. **Compensation runs in reverse step order, one step at a time.** A compensation starts
 //!    only after the later step's compensation succeeded (or was skipped). Compensated are the
 //!    steps that took effect — and a failed step whose outcome is unknown (it timed out, or an

@@ -30,15 +30,19 @@ pub struct OrchestratorConfig {
     /// and operator actions at once), and the longest it waits out a retry pause before
     /// reading the saga again (so a cancel during a long pause is acted on within this).
     pub poll: Duration,
+    /// The most sagas driven at once; the others wait for a free slot (so a backlog does not
+    /// turn into as many concurrent calls to the services).
+    pub max_active: usize,
 }
 
 impl OrchestratorConfig {
-    /// Default settings for `instance`: a 10 s session, a 1 s poll.
+    /// Default settings for `instance`: a 10 s session, a 1 s poll, 64 sagas at once.
     pub fn new(instance: impl Into<String>) -> Self {
         OrchestratorConfig {
             instance: instance.into(),
             session: SessionOptions::default(),
             poll: Duration::from_secs(1),
+            max_active: 64,
         }
     }
 }
@@ -484,6 +488,9 @@ impl Orchestrator {
                         .set(open.len() as f64);
                     resting.retain(|_, until| until.elapsed() < self.config.poll);
                     for rec in open {
+                        if active.len() >= self.config.max_active.max(1) {
+                            break;
+                        }
                         if rec.status.is_settled()
                             || active.contains(&rec.id)
                             || resting.contains_key(&rec.id)
