@@ -280,7 +280,9 @@ pub struct StepSpec {
     /// The compensation's retries and parking.
     pub compensation: CompensationPolicy,
     /// How long one attempt (of the action or the compensation) may take; past it the attempt
-    /// is abandoned and counts as a retryable failure whose outcome is unknown.
+    /// is abandoned and counts as a retryable failure whose outcome is unknown. `None` (the
+    /// default): no limit — a call that never answers holds its saga until an operator
+    /// cancels it, so set one for any call that crosses a network.
     pub timeout: Option<Duration>,
 }
 

@@ -433,25 +433,16 @@ impl Orchestrator {
                 token: fence.token(),
             });
             let lost = leadership.lost();
-            let ended = tokio::select! {
-                reason = lost => SagaEvent::Lost { reason: reason.to_string() },
+            // Dropping `lead` aborts the sagas' drives (and their attempts) before the event.
+            let (ended, failed) = tokio::select! {
+                reason = lost => (SagaEvent::Lost { reason: reason.to_string() }, false),
                 r = self.lead(&fence) => match r {
-                    Err(SagaError::Log(LogError::Fenced { token })) => SagaEvent::Fenced { token },
-                    Err(e) => {
-                        failures += 1;
-                        SagaEvent::Lost { reason: e.to_string() }
-                    }
+                    Err(SagaError::Log(LogError::Fenced { token })) => (SagaEvent::Fenced { token }, true),
+                    Err(e) => (SagaEvent::Lost { reason: e.to_string() }, true),
                     Ok(never) => match never {},
                 },
             };
-            // Dropping `lead` aborted the sagas' drives (and their attempts) before the event.
-            if matches!(ended, SagaEvent::Fenced { .. }) {
-                failures += 1;
-            } else if failures > 0 && matches!(ended, SagaEvent::Lost { .. }) {
-                // keep the backoff
-            } else {
-                failures = 0;
-            }
+            failures = if failed { failures + 1 } else { 0 };
             self.emit(ended);
             let _ = leadership.resign().await;
             let _ = session.close().await;
