@@ -7,9 +7,10 @@
 //! blocking protocol (participants wait for the one coordinator that knows the decision) into
 //! one that goes on while a Baton majority is up.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use baton_client::{Client, Compare, CompareOp, GetOptions, Leadership};
+use baton_client::proto::etcdserverpb::response_op::Response;
+use baton_client::{Client, Compare, CompareOp, GetOptions, Leadership, TxnResponse};
 use serde::de::DeserializeOwned;
 
 /// The fence of a worker elected through a Baton [`baton_client::Election`]: a write carrying
@@ -52,6 +53,7 @@ impl LeaderFence {
 
     /// Whether the leadership still holds (a read; a write must use [`Self::compare`] in its
     /// own transaction instead).
+    #[cfg_attr(not(feature = "twopc"), allow(dead_code))]
     pub(crate) async fn holds(&self, client: &Client) -> Result<bool, LogError> {
         let r = client.get(self.key.clone(), GetOptions::new()).await?;
         Ok(r.kvs.first().map(|kv| kv.create_revision) == Some(self.token))
@@ -137,6 +139,37 @@ pub(crate) fn check_namespace(ns: &str) -> Result<(), LogError> {
         )));
     }
     Ok(())
+}
+
+/// Baton calls that fail in a way that may pass are retried this often.
+const BATON_ATTEMPTS: u32 = 6;
+
+/// The range answer of a transaction's `i`-th operation.
+pub(crate) fn range(r: &TxnResponse, i: usize) -> Option<&baton_client::RangeResponse> {
+    match r.responses.get(i)?.response.as_ref()? {
+        Response::ResponseRange(r) => Some(r),
+        _ => None,
+    }
+}
+
+/// Runs a Baton call again when it failed in a way that may pass (a failover). Only for calls
+/// that are safe to repeat: reads, and writes guarded by a compare that a repeat cannot pass
+/// twice.
+pub(crate) async fn retry<T, F, Fut>(mut call: F) -> Result<T, LogError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, LogError>>,
+{
+    let mut attempt = 0;
+    loop {
+        match call().await {
+            Err(LogError::Baton(e)) if e.is_transient() && attempt + 1 < BATON_ATTEMPTS => {
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+            }
+            r => return r,
+        }
+    }
 }
 
 #[cfg(test)]

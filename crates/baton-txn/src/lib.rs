@@ -25,6 +25,12 @@
 //!   `baton`) — one active relay per outbox partition, chosen by a Baton election whose
 //!   fencing token is the fence's token.
 //!
+//! - [`saga`] (feature `saga`) — a saga orchestrator: ordered steps with compensations,
+//!   retries and timeouts, the saga log in Baton, reverse-order compensation, stuck sagas
+//!   parked for an operator (`baton saga`), orchestrators under a Baton election whose fence
+//!   guards every write; with `postgres` also [`saga::StepFence`], the participant's
+//!   exactly-once guard. See [Sagas](#sagas).
+//!
 //! The PostgreSQL code sits behind the `postgres` feature, the HTTP layer behind `axum` and
 //! each broker client behind its own feature, so the plain crate (keys, fingerprints, stored
 //! responses) builds without a database driver and a PostgreSQL-only user builds no broker
@@ -152,11 +158,36 @@
 //! idempotency keys and inbox for effects in PostgreSQL, where the dedup record must commit
 //! with the effect.
 //!
+//! # Sagas
+//!
+//! A saga ([`saga`], feature `saga`) splits a business transaction across services into
+//! local transactions with compensations — the seed's order: create order → charge card →
+//! reserve stock → schedule shipment; when reserve fails, refund, then cancel. Its log is one
+//! JSON record per saga in Baton (`baton-txn/<namespace>/saga/<id>`), so any orchestrator
+//! can finish what another started. These hold, each tested against a real Baton and
+//! PostgreSQL with the orchestrator SIGKILLed at every step boundary (the full list is in
+//! [`saga`]'s documentation):
+//!
+//! 15. **Recorded before and after every attempt, one key per step.** An attempt is written
+//!     as running before its action is called; a new orchestrator re-runs an unrecorded one
+//!     with the same idempotency key (`<namespace>/<saga>/<step>`), and the participant's
+//!     [`saga::StepFence`] (a row committed with the effect) applies it once. The fence also
+//!     tolerates an empty compensation and rejects an action that arrives after its
+//!     compensation (a timeout's late arrival).
+//! 16. **Compensation runs in reverse order, one step at a time, and is never dropped.** A
+//!     compensation that keeps failing parks the saga as `Stuck` (gauge
+//!     `baton_txn_saga_stuck`, `baton saga list`) until an operator retries it or skips it
+//!     with a reason, kept in the record's audit trail. Cancelling a saga compensates too.
+//! 17. **A deposed orchestrator cannot advance a saga.** Orchestrators campaign in a Baton
+//!     election; each write is a compare-and-set on the record that also compares the leader
+//!     key's create revision ([`coordination::LeaderFence`]), so a paused or partitioned
+//!     ex-leader's next write — and with it its next attempt — is refused by the store.
+//!
 //! Metrics (the `metrics` crate, label `schema`): `baton_txn_outbox_pending_rows` (the lag),
 //! `baton_txn_outbox_oldest_pending_seconds`, `baton_txn_outbox_dead_rows`,
 //! `baton_txn_outbox_published_total`, `baton_txn_outbox_publish_failures_total{kind}`,
 //! `baton_txn_outbox_dead_lettered_total`, and `baton_txn_outbox_broker_duplicates_total`
-//! (JetStream's "duplicate" acks).
+//! (JetStream's "duplicate" acks). The sagas' metrics are listed in [`saga`].
 
 #![warn(missing_docs)]
 

@@ -1,7 +1,8 @@
 //! `baton`: the one binary. `baton serve` runs a member that speaks the etcd v3 API; the
 //! other subcommands are its command-line client, all on `baton-client`: `baton kv`,
 //! `baton lease`, `baton status`, `baton member` and `baton move-leader` for data and
-//! operators, `baton bench` to benchmark any etcd-API server, `baton lock` and `baton elect` for Baton's locks and elections.
+//! operators, `baton bench` to benchmark any etcd-API server, `baton lock` and `baton elect` for Baton's locks and elections,
+//! `baton saga` for the sagas of `baton-txn`'s orchestrator.
 
 mod cli;
 mod serve;
@@ -46,6 +47,7 @@ enum Command {
     Member(cli::member::MemberArgs),
     MoveLeader(cli::member::MoveLeaderArgs),
     Bench(cli::bench::BenchArgs),
+    Saga(cli::saga::SagaArgs),
 }
 
 fn main() -> Result<()> {
@@ -73,6 +75,7 @@ fn main() -> Result<()> {
         }
         Command::Member(args) => std::process::exit(runtime.block_on(cli::member::run(args))),
         Command::Bench(args) => std::process::exit(runtime.block_on(cli::bench::run(args))),
+        Command::Saga(args) => std::process::exit(runtime.block_on(cli::saga::run(args))),
         Command::MoveLeader(args) => {
             std::process::exit(runtime.block_on(cli::member::run_move_leader(args)))
         }

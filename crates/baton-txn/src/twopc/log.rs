@@ -3,21 +3,18 @@
 //! transaction); [`InMemoryDecisionLog`] keeps them in one process's memory and exists to show
 //! what that costs (a crash loses the decision and leaves branches in doubt).
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
-use std::time::Duration;
-
-use baton_client::proto::etcdserverpb::response_op::Response;
 use baton_client::{
     Client, Compare, CompareOp, DeleteOptions, GetOptions, Op, PutOptions, SortOrder, SortTarget,
-    Txn, TxnResponse,
+    Txn,
 };
 use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
 
 use super::ids::{BranchId, Gid, TxId};
 use super::participant::BoxFuture;
 use crate::coordination::{
-    check_namespace, decode, encode, now_ms, prefix_end, LeaderFence, LogError,
+    check_namespace, decode, encode, now_ms, prefix_end, range, retry, LeaderFence, LogError,
 };
 
 /// The outcome every branch of a transaction gets.
@@ -248,9 +245,6 @@ pub struct BatonDecisionLog {
     root: String,
 }
 
-/// Baton calls that fail in a way that may pass are retried this often.
-const BATON_ATTEMPTS: u32 = 6;
-
 impl BatonDecisionLog {
     /// The log of `namespace` (1-16 of `[A-Za-z0-9_-]`) in the Baton cluster `client` talks
     /// to.
@@ -355,34 +349,6 @@ fn with_fence(compares: Vec<Compare>, fence: Option<&LeaderFence>) -> Vec<Compar
     let mut c = compares;
     c.extend(fence.map(LeaderFence::compare));
     c
-}
-
-/// The range answer of a transaction's `i`-th operation.
-pub(crate) fn range(r: &TxnResponse, i: usize) -> Option<&baton_client::RangeResponse> {
-    match r.responses.get(i)?.response.as_ref()? {
-        Response::ResponseRange(r) => Some(r),
-        _ => None,
-    }
-}
-
-/// Runs a Baton call again when it failed in a way that may pass (a failover). Only for calls
-/// that are safe to repeat: reads, and writes guarded by a compare that a repeat cannot pass
-/// twice.
-pub(crate) async fn retry<T, F, Fut>(mut call: F) -> Result<T, LogError>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, LogError>>,
-{
-    let mut attempt = 0;
-    loop {
-        match call().await {
-            Err(LogError::Baton(e)) if e.is_transient() && attempt + 1 < BATON_ATTEMPTS => {
-                attempt += 1;
-                tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
-            }
-            r => return r,
-        }
-    }
 }
 
 impl DecisionLog for BatonDecisionLog {

@@ -12,6 +12,8 @@
 //!   process group ([`child`]) and stopping it when the lock is lost. Everything the user
 //!   needs to act on goes to stderr prefixed with `baton lock:` / `baton elect:`; stdout
 //!   carries only machine-readable results so scripts can capture it.
+//! - `baton saga list|show|retry|skip|cancel` ([`saga`]): the saga log of `baton-txn`'s
+//!   orchestrator (kept in Baton), read and acted on directly, in the same three formats.
 
 pub mod bench;
 pub mod child;
@@ -22,6 +24,7 @@ pub mod lease;
 pub mod lock;
 pub mod member;
 pub mod output;
+pub mod saga;
 pub mod session;
 pub mod status;
 pub mod txn;
