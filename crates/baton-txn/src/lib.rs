@@ -24,7 +24,11 @@
 //!   in PostgreSQL inside the mark-sent transaction; and [`relay::ha::HaRelay`] (feature
 //!   `baton`) — one active relay per outbox partition, chosen by a Baton election whose
 //!   fencing token is the fence's token.
-//!
+//! - [`twopc`] (feature `twopc`) — two-phase commit that does not block: the decision is a
+//!   write-once record in Baton, so any coordinator or the Recoverer (under a Baton election)
+//!   finishes a transaction whose coordinator died; PostgreSQL (`PREPARE TRANSACTION`) and
+//!   MariaDB (XA, feature `mariadb`) participants with marker rows that tell a committed
+//!   branch from one rolled back by hand. See [Two-phase commit](#two-phase-commit).
 //! - [`saga`] (feature `saga`) — a saga orchestrator: ordered steps with compensations,
 //!   retries and timeouts, the saga log in Baton, reverse-order compensation, stuck sagas
 //!   parked for an operator (`baton saga`), orchestrators under a Baton election whose fence
@@ -157,6 +161,20 @@
 //! state kept *in Baton* (configuration, counters, the fence gate); use this crate's
 //! idempotency keys and inbox for effects in PostgreSQL, where the dedup record must commit
 //! with the effect.
+//!
+//! # Two-phase commit
+//!
+//! Seed 003 names 2PC's fatal flaw: after every participant voted YES, only the coordinator
+//! knows the decision, and a dead coordinator leaves them holding locks, unable to decide.
+//! [`twopc`] writes the decision once, by compare-and-set, into Baton's replicated log, so
+//! any process can read it and finish (Gray and Lamport's Paxos Commit, with Baton's Raft
+//! group as the acceptors). Its invariants (listed in full in [`twopc`]): the intent with
+//! every exact GID is logged before any PREPARE; one decision, and a loser follows the
+//! winner; nothing prepared is rolled back before an abort decision has won; phase 2 is
+//! idempotent and checked against a marker row per branch, and a branch finished against
+//! the decision is reported as a heuristic outcome, never retried; the Recoverer resolves
+//! every prepared branch of its namespace and aborts undecided transactions past their
+//! deadline, its log writes fenced by its election. `baton txn list|show` shows the log.
 //!
 //! # Sagas
 //!

@@ -192,6 +192,7 @@ pub async fn wait_drained(schema: &Schema, deadline: Duration) {
 //   messages are out, the rest not, none of them marked.
 
 pub mod bank;
+pub mod bank2;
 
 pub const FAULT_ENV: &str = "BATON_TXN_RELAY_FAULT";
 
