@@ -14,10 +14,8 @@
 mod common;
 mod saga_common;
 
-use std::collections::HashMap;
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use baton_client::testing::{baton_binary, Flavor, TestServer};
@@ -31,74 +29,6 @@ use saga_common::{
 use serde_json::Value;
 
 const SETTLE: Duration = Duration::from_secs(30);
-
-// ---- a metrics recorder that keeps the last value of every gauge and counter -------------
-
-#[derive(Default)]
-struct Recorded(Mutex<HashMap<String, Arc<AtomicU64>>>);
-
-impl Recorded {
-    fn slot(&self, key: &metrics::Key) -> Arc<AtomicU64> {
-        let mut labels: Vec<String> = key
-            .labels()
-            .map(|l| format!("{}={}", l.key(), l.value()))
-            .collect();
-        labels.sort();
-        let name = format!("{}{{{}}}", key.name(), labels.join(","));
-        self.0.lock().unwrap().entry(name).or_default().clone()
-    }
-
-    fn gauge(&self, name: &str) -> Option<f64> {
-        let slot = self.0.lock().unwrap().get(name).cloned()?;
-        Some(f64::from_bits(slot.load(Ordering::SeqCst)))
-    }
-}
-
-impl metrics::Recorder for &'static Recorded {
-    fn describe_counter(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn describe_gauge(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn describe_histogram(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
-        metrics::Counter::from_arc(self.slot(key))
-    }
-    fn register_gauge(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
-        metrics::Gauge::from_arc(self.slot(key))
-    }
-    fn register_histogram(
-        &self,
-        _: &metrics::Key,
-        _: &metrics::Metadata<'_>,
-    ) -> metrics::Histogram {
-        metrics::Histogram::noop()
-    }
-}
-
-fn recorded() -> &'static Recorded {
-    static R: OnceLock<&'static Recorded> = OnceLock::new();
-    R.get_or_init(|| {
-        let r: &'static Recorded = Box::leak(Box::default());
-        metrics::set_global_recorder(r).expect("the only recorder of this test binary");
-        r
-    })
-}
 
 // ---- the `baton saga` command ---------------------------------------------------------------
 
@@ -131,7 +61,7 @@ fn line_of<'a>(text: &'a str, needle: &str) -> &'a str {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_always_failing_refund_parks_the_saga_stuck_until_an_operator_skips_it() {
-    let metrics = recorded();
+    let metrics = common::recorder::recorded();
     let server = TestServer::start(Flavor::Baton);
     let endpoint = server.endpoint();
     let schema = fresh_services("t_saga_stuck").await;

@@ -131,6 +131,7 @@ async fn commit_and_a_no_vote() {
     let client = baton(&server.endpoint()).await;
     let log: Arc<dyn DecisionLog> = Arc::new(BatonDecisionLog::new(&client, "t-commit").unwrap());
     let banks = open_banks("t2pc_commit").await;
+    let metrics = common::recorder::recorded();
     let coord = banks.coordinator(log.clone());
     assert_eq!(coord.preflight().await.unwrap(), Vec::<String>::new());
 
@@ -179,6 +180,16 @@ async fn commit_and_a_no_vote() {
     assert_eq!(ids_a2, ids_a);
     assert!(pg_prepared("t-commit").await.is_empty());
     assert_eq!(log.list(1).await.unwrap()[0].state(), TxState::Aborted);
+    // Decision latency, one value per transaction; outcomes counted.
+    let ns = "namespace=t-commit";
+    assert_eq!(
+        metrics.observations(&format!("baton_txn_2pc_decision_seconds{{{ns}}}")),
+        2
+    );
+    for outcome in ["committed", "aborted"] {
+        let key = format!("baton_txn_2pc_outcomes_total{{{ns},outcome={outcome}}}");
+        assert_eq!(metrics.observations(&key), 1, "{key}");
+    }
 }
 
 /// The child's side: one transfer by a coordinator that SIGKILLs itself at `point` (or is
@@ -300,7 +311,21 @@ async fn a_coordinator_killed_at_every_fault_point_is_finished_by_recovery() {
             assert_eq!(prepared.len(), 2, "both branches in doubt");
         }
         let rec = recoverer(log.clone(), &banks.a, &banks.b);
+        let in_doubt = format!("baton_txn_2pc_in_doubt_branches{{namespace={namespace}}}");
+        let metrics = common::recorder::recorded();
+        rec.resolve_once(None).await.unwrap();
+        assert_eq!(
+            metrics.gauge(&in_doubt),
+            Some(prepared.len() as f64),
+            "{point}"
+        );
         recover_all(&rec, log.as_ref(), &namespace).await;
+        rec.resolve_once(None).await.unwrap();
+        assert_eq!(
+            metrics.gauge(&in_doubt),
+            Some(0.0),
+            "{point}: nothing in doubt"
+        );
 
         let ((sum_a, ids_a), (sum_b, ids_b)) = banks.state().await;
         let total = ACCOUNTS as i64 * OPENING;
@@ -408,9 +433,14 @@ async fn a_branch_rolled_back_by_hand_after_commit_is_a_heuristic_outcome() {
         .await
         .unwrap();
 
+    let metrics = common::recorder::recorded();
     let rec = recoverer(log.clone(), &banks.a, &banks.b);
     let report = rec.resolve_once(None).await.unwrap();
     assert_eq!(report.heuristic.len(), 1, "{report:?}");
+    assert_eq!(
+        metrics.observations("baton_txn_2pc_heuristic_total{namespace=t-heur}"),
+        1
+    );
     assert_eq!(report.heuristic[0].1, BranchState::HeuristicRollback);
     assert_eq!(report.committed.len(), 1, "{report:?}");
     let tx = &log.list(1).await.unwrap()[0];

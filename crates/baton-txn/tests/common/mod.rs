@@ -193,6 +193,7 @@ pub async fn wait_drained(schema: &Schema, deadline: Duration) {
 
 pub mod bank;
 pub mod bank2;
+pub mod recorder;
 
 pub const FAULT_ENV: &str = "BATON_TXN_RELAY_FAULT";
 
