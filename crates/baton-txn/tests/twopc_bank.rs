@@ -138,5 +138,13 @@ async fn a_thousand_transfers_with_random_coordinator_kills() {
     println!("{moved} transfers moved money in both banks; {committed} committed in the log");
     assert_eq!(moved, committed, "the log and the banks agree");
     assert!(records.iter().all(|r| !r.open), "nothing left open");
+    // Every committed transfer left a marker in MariaDB; purged once they are old enough.
+    use baton_txn::twopc::Resource;
+    let purged = banks.maria.purge_markers(Duration::ZERO).await.unwrap();
+    assert!(
+        purged >= committed as u64,
+        "{purged} markers purged, {committed} committed"
+    );
+    assert_eq!(banks.maria.purge_markers(Duration::ZERO).await.unwrap(), 0);
     recovery.abort();
 }

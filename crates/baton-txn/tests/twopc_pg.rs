@@ -180,6 +180,36 @@ async fn commit_and_a_no_vote() {
     assert_eq!(ids_a2, ids_a);
     assert!(pg_prepared("t-commit").await.is_empty());
     assert_eq!(log.list(1).await.unwrap()[0].state(), TxState::Aborted);
+    // Finished transactions are purged after their retention; open ones are kept.
+    let open = baton_txn::twopc::Intent {
+        tx: baton_txn::twopc::TxId::generate(),
+        branches: Vec::new(),
+        created_ms: 0,
+        deadline_ms: u64::MAX,
+        coordinator: "test".into(),
+    };
+    log.record_intent(&open).await.unwrap();
+    assert_eq!(
+        log.purge(Duration::from_secs(3600), None).await.unwrap(),
+        0,
+        "too young"
+    );
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(log.purge(Duration::ZERO, None).await.unwrap(), 2);
+    let left = log.list(10).await.unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].tx, open.tx);
+    // Markers likewise: bank a holds the committed transfer's (the aborted one's rolled back).
+    use baton_txn::twopc::Resource;
+    assert_eq!(
+        banks
+            .a
+            .purge_markers(Duration::from_secs(3600))
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(banks.a.purge_markers(Duration::ZERO).await.unwrap(), 1);
     // Decision latency, one value per transaction; outcomes counted.
     let ns = "namespace=t-commit";
     assert_eq!(

@@ -10,6 +10,7 @@ use baton_client::{
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use super::ids::{BranchId, Gid, TxId};
 use super::participant::BoxFuture;
@@ -228,6 +229,15 @@ pub trait DecisionLog: Send + Sync {
 
     /// Up to `limit` transactions, newest first, open or not.
     fn list(&self, limit: usize) -> BoxFuture<'_, Result<Vec<TxRecord>, LogError>>;
+
+    /// Deletes the records of finished transactions created more than `older_than` ago
+    /// (open ones are kept however old); returns how many transactions it deleted. The log
+    /// would otherwise grow by a few keys per transaction for ever.
+    fn purge<'a>(
+        &'a self,
+        older_than: Duration,
+        fence: Option<&'a LeaderFence>,
+    ) -> BoxFuture<'a, Result<usize, LogError>>;
 }
 
 /// The decision log in Baton. Keys, under `baton-txn/<namespace>/`:
@@ -527,39 +537,117 @@ impl DecisionLog for BatonDecisionLog {
     fn list(&self, limit: usize) -> BoxFuture<'_, Result<Vec<TxRecord>, LogError>> {
         Box::pin(async move {
             let prefix = format!("{}tx/", self.root);
-            // Intent keys only, newest first (ids sort by time).
+            // Keys only, newest first (ids sort by time), a page at a time.
+            const PAGE: i64 = 512;
+            let mut end = prefix_end(prefix.as_bytes());
+            let mut ids: Vec<TxId> = Vec::new();
+            while ids.len() < limit {
+                let r = retry(|| async {
+                    Ok(self
+                        .client
+                        .get(
+                            prefix.clone(),
+                            GetOptions::new()
+                                .with_range_end(end.clone())
+                                .with_keys_only()
+                                .with_sort(SortTarget::Key, SortOrder::Descend)
+                                .with_limit(PAGE),
+                        )
+                        .await?)
+                })
+                .await?;
+                for kv in &r.kvs {
+                    let Some(id) = tx_of_key(&kv.key[prefix.len()..]) else {
+                        continue;
+                    };
+                    if ids.last() != Some(&id) && ids.len() < limit {
+                        ids.push(id);
+                    }
+                }
+                match r.kvs.last() {
+                    Some(last) if r.kvs.len() as i64 == PAGE => end = last.key.clone(),
+                    _ => break,
+                }
+            }
+            self.read_many(ids).await
+        })
+    }
+
+    fn purge<'a>(
+        &'a self,
+        older_than: Duration,
+        fence: Option<&'a LeaderFence>,
+    ) -> BoxFuture<'a, Result<usize, LogError>> {
+        Box::pin(async move {
+            let prefix = format!("{}tx/", self.root);
+            // Ids start with their creation time (12 hex digits of Unix ms), so every
+            // transaction created before the cutoff sorts below this key.
+            let cutoff = now_ms().saturating_sub(older_than.as_millis() as u64);
+            let end = format!("{prefix}{cutoff:012x}");
             let r = retry(|| async {
                 Ok(self
                     .client
                     .get(
                         prefix.clone(),
                         GetOptions::new()
-                            .with_range_end(prefix_end(prefix.as_bytes()))
-                            .with_keys_only()
-                            .with_sort(SortTarget::Key, SortOrder::Descend),
+                            .with_range_end(end.clone())
+                            .with_keys_only(),
                     )
                     .await?)
             })
             .await?;
-            let mut ids: Vec<TxId> = Vec::new();
+            let mut old: Vec<TxId> = Vec::new();
             for kv in &r.kvs {
-                let Some(id) = std::str::from_utf8(&kv.key[prefix.len()..])
-                    .ok()
-                    .and_then(|rest| rest.split('/').next())
-                    .and_then(|s| s.parse().ok())
-                else {
-                    continue;
-                };
-                if ids.last() != Some(&id) {
-                    ids.push(id);
-                    if ids.len() == limit {
-                        break;
+                if let Some(id) = tx_of_key(&kv.key[prefix.len()..]) {
+                    if old.last() != Some(&id) {
+                        old.push(id);
                     }
                 }
             }
-            self.read_many(ids).await
+            let open: std::collections::HashSet<TxId> = self
+                .ids_under(
+                    format!("{}open/", self.root),
+                    GetOptions::new().with_prefix().with_keys_only(),
+                )
+                .await?
+                .into_iter()
+                .collect();
+            let doomed: Vec<TxId> = old.into_iter().filter(|id| !open.contains(id)).collect();
+            for chunk in doomed.chunks(64) {
+                let deletes: Vec<Op> = chunk
+                    .iter()
+                    .map(|tx| Op::delete(self.tx_prefix(*tx), DeleteOptions::new().with_prefix()))
+                    .collect();
+                let r = retry(|| async {
+                    Ok(self
+                        .client
+                        .txn(
+                            Txn::new()
+                                .when(with_fence(Vec::new(), fence))
+                                .and_then(deletes.clone()),
+                        )
+                        .await?)
+                })
+                .await?;
+                if !r.succeeded {
+                    return Err(LogError::Fenced {
+                        token: fence.map(LeaderFence::token).unwrap_or_default(),
+                    });
+                }
+            }
+            Ok(doomed.len())
         })
     }
+}
+
+/// The transaction id a key below `tx/` belongs to.
+fn tx_of_key(rest: &[u8]) -> Option<TxId> {
+    std::str::from_utf8(rest)
+        .ok()?
+        .split('/')
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// A decision log in this process's memory. **Not for production**: it is what a
@@ -697,6 +785,20 @@ impl DecisionLog for InMemoryDecisionLog {
             v.sort_by_key(|r| std::cmp::Reverse(r.tx));
             v.truncate(limit);
             Ok(v)
+        })
+    }
+
+    fn purge<'a>(
+        &'a self,
+        older_than: Duration,
+        _fence: Option<&'a LeaderFence>,
+    ) -> BoxFuture<'a, Result<usize, LogError>> {
+        Box::pin(async move {
+            let cutoff = now_ms().saturating_sub(older_than.as_millis() as u64);
+            let mut m = self.records.lock().unwrap();
+            let before = m.len();
+            m.retain(|tx, r| r.open || tx.created_ms() >= cutoff);
+            Ok(before - m.len())
         })
     }
 }

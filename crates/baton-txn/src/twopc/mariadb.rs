@@ -347,6 +347,40 @@ impl Resource for MariaDbResource {
         })
     }
 
+    fn purge_markers(&self, older_than: Duration) -> BoxFuture<'_, Result<u64, ParticipantError>> {
+        Box::pin(async move {
+            // Branches still prepared keep their markers (in any namespace: the table is
+            // shared, and a marker's GID says which branch it belongs to).
+            let mut conn = self.conn().await?;
+            let prepared: Vec<(i64, usize, usize, Vec<u8>)> = conn
+                .query("XA RECOVER")
+                .await
+                .map_err(|e| participant_error("XA RECOVER", e))?;
+            let keep: Vec<String> = prepared
+                .into_iter()
+                .filter_map(|(_, g, b, data)| {
+                    let gtrid = std::str::from_utf8(data.get(..g)?).ok()?;
+                    let bqual = std::str::from_utf8(data.get(g..g + b)?).ok()?;
+                    Some(format!("{gtrid}:{bqual}"))
+                })
+                .collect();
+            conn.exec_drop(
+                format!(
+                    "DELETE FROM {MARKER_TABLE}
+                      WHERE created_at < NOW(6) - INTERVAL ? MICROSECOND
+                        AND NOT JSON_CONTAINS(?, JSON_QUOTE(gid))"
+                ),
+                (
+                    older_than.as_micros() as u64,
+                    serde_json::to_string(&keep).expect("strings encode"),
+                ),
+            )
+            .await
+            .map_err(|e| participant_error("purging the marker table", e))?;
+            Ok(conn.affected_rows())
+        })
+    }
+
     /// Refuses a server before 10.5 (prepared branches die with their connection), a
     /// Galera node (`wsrep_on`), a server that is not MariaDB, a missing marker table or a
     /// user that may not run `XA RECOVER`; warns about `log_bin` and an isolation level below

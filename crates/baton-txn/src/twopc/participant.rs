@@ -105,6 +105,15 @@ pub trait Resource: Send + Sync {
     /// means the branch committed, `false` that it rolled back (or never prepared).
     fn marker_exists<'a>(&'a self, gid: &'a Gid) -> BoxFuture<'a, Result<bool, ParticipantError>>;
 
+    /// Deletes marker rows older than `older_than` whose branch is no longer prepared;
+    /// returns how many. Markers are needed only while phase 2 or recovery may still find
+    /// their branch "already gone", so keep `older_than` well above the longest time a
+    /// transaction may stay open. The default keeps every marker.
+    fn purge_markers(&self, older_than: Duration) -> BoxFuture<'_, Result<u64, ParticipantError>> {
+        let _ = older_than;
+        Box::pin(async { Ok(0) })
+    }
+
     /// Checks that the resource can take part in 2PC at all, with warnings for settings that
     /// weaken it (MariaDB's binary log). An error says why it cannot.
     fn preflight(&self) -> BoxFuture<'_, Result<Vec<String>, ParticipantError>>;

@@ -142,25 +142,6 @@ impl PgResource {
         let row = client.query_one(sql, &[&param]).await.map_err(classify)?;
         Ok(row.get(0))
     }
-
-    /// Deletes marker rows older than `age` whose branch is no longer prepared. Markers are
-    /// needed only while a branch may still be found "already gone" by phase 2 or recovery;
-    /// keep `age` well above the longest time a transaction may stay in doubt.
-    pub async fn purge_markers(&self, age: Duration) -> Result<u64, ParticipantError> {
-        let client = connect(&self.config).await?;
-        client
-            .execute(
-                &format!(
-                    "DELETE FROM {}.twopc_marker m
-                      WHERE m.created_at < now() - make_interval(secs => $1)
-                        AND NOT EXISTS (SELECT 1 FROM pg_prepared_xacts p WHERE p.gid = m.gid)",
-                    self.schema.name()
-                ),
-                &[&age.as_secs_f64()],
-            )
-            .await
-            .map_err(classify)
-    }
 }
 
 impl Resource for PgResource {
@@ -223,6 +204,24 @@ impl Resource for PgResource {
                 )
                 .await?;
             Ok(n > 0)
+        })
+    }
+
+    fn purge_markers(&self, older_than: Duration) -> BoxFuture<'_, Result<u64, ParticipantError>> {
+        Box::pin(async move {
+            let client = connect(&self.config).await?;
+            client
+                .execute(
+                    &format!(
+                        "DELETE FROM {}.twopc_marker m
+                          WHERE m.created_at < now() - make_interval(secs => $1)
+                            AND NOT EXISTS (SELECT 1 FROM pg_prepared_xacts p WHERE p.gid = m.gid)",
+                        self.schema.name()
+                    ),
+                    &[&older_than.as_secs_f64()],
+                )
+                .await
+                .map_err(classify)
         })
     }
 

@@ -25,6 +25,9 @@ pub struct RecovererConfig {
     pub attempts: u32,
     /// The session TTL of the Recoverer's election.
     pub session_ttl: Duration,
+    /// How long the records of finished transactions stay in the log (for `baton txn`)
+    /// before [`Recoverer::run`] deletes them (hourly).
+    pub retention: Duration,
 }
 
 impl Default for RecovererConfig {
@@ -34,9 +37,13 @@ impl Default for RecovererConfig {
             grace: Duration::from_secs(1),
             attempts: 2,
             session_ttl: Duration::from_secs(10),
+            retention: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }
+
+/// How often a leading Recoverer deletes finished transactions past their retention.
+const PURGE_EVERY: Duration = Duration::from_secs(3600);
 
 /// What one pass did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -153,7 +160,12 @@ impl Recoverer {
             tracing::info!(token = fence.token(), "recoverer: leading");
             let lost = leadership.lost();
             tokio::pin!(lost);
+            let mut last_purge: Option<std::time::Instant> = None;
             loop {
+                if last_purge.is_none_or(|t| t.elapsed() >= PURGE_EVERY) {
+                    last_purge = Some(std::time::Instant::now());
+                    self.purge(&fence).await;
+                }
                 tokio::select! {
                     reason = &mut lost => {
                         tracing::warn!(%reason, "recoverer: leadership lost");
@@ -178,6 +190,20 @@ impl Recoverer {
                 }
             }
             drop(leadership);
+        }
+    }
+
+    /// Deletes finished transactions and marker rows past the retention.
+    async fn purge(&self, fence: &LeaderFence) {
+        match self.log.purge(self.config.retention, Some(fence)).await {
+            Ok(n) if n > 0 => tracing::info!(n, "recoverer: purged finished transactions"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "recoverer: purging the log failed"),
+        }
+        for r in self.resources.values() {
+            if let Err(e) = r.purge_markers(self.config.retention).await {
+                tracing::warn!(resource = %r.id(), error = %e, "recoverer: purging markers failed");
+            }
         }
     }
 
