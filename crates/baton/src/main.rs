@@ -2,7 +2,8 @@
 //! other subcommands are its command-line client, all on `baton-client`: `baton kv`,
 //! `baton lease`, `baton status`, `baton member` and `baton move-leader` for data and
 //! operators, `baton bench` to benchmark any etcd-API server, `baton lock` and `baton elect` for Baton's locks and elections,
-//! `baton saga` for the sagas of `baton-txn`'s orchestrator.
+//! `baton saga` for the sagas of `baton-txn`'s orchestrator, `baton txn` for its
+//! two-phase-commit decision log.
 
 mod cli;
 mod serve;
@@ -48,6 +49,7 @@ enum Command {
     MoveLeader(cli::member::MoveLeaderArgs),
     Bench(cli::bench::BenchArgs),
     Saga(cli::saga::SagaArgs),
+    Txn(cli::txn2pc::TxnArgs),
 }
 
 fn main() -> Result<()> {
@@ -76,6 +78,7 @@ fn main() -> Result<()> {
         Command::Member(args) => std::process::exit(runtime.block_on(cli::member::run(args))),
         Command::Bench(args) => std::process::exit(runtime.block_on(cli::bench::run(args))),
         Command::Saga(args) => std::process::exit(runtime.block_on(cli::saga::run(args))),
+        Command::Txn(args) => std::process::exit(runtime.block_on(cli::txn2pc::run(args))),
         Command::MoveLeader(args) => {
             std::process::exit(runtime.block_on(cli::member::run_move_leader(args)))
         }

@@ -14,6 +14,8 @@
 //!   carries only machine-readable results so scripts can capture it.
 //! - `baton saga list|show|retry|skip|cancel` ([`saga`]): the saga log of `baton-txn`'s
 //!   orchestrator (kept in Baton), read and acted on directly, in the same three formats.
+//! - `baton txn list|show` ([`txn2pc`]): the two-phase-commit decision log of `baton-txn`
+//!   (kept in Baton), read only: finishing transactions is the Recoverer's job.
 
 pub mod bench;
 pub mod child;
@@ -28,6 +30,7 @@ pub mod saga;
 pub mod session;
 pub mod status;
 pub mod txn;
+pub mod txn2pc;
 
 use std::time::Duration;
 

@@ -280,6 +280,70 @@ pub fn bytes_human(n: i64) -> String {
     }
 }
 
+/// Free text (an error message, say) on one line: runs of whitespace, newlines included,
+/// become one space. `None` is the empty string.
+pub fn one_line(text: Option<&str>) -> String {
+    text.map(|t| t.split_whitespace().collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// `text` cut to `max` characters with an ellipsis, or `-` when empty (for table cells,
+/// where an empty cell would shift the eye to the next column).
+pub fn cut(text: &str, max: usize) -> String {
+    if text.is_empty() {
+        return "-".into();
+    }
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let mut c: String = text.chars().take(max - 1).collect();
+    c.push('…');
+    c
+}
+
+/// Unix milliseconds as UTC, `2024-05-01 12:34:56Z` (no time-zone database needed).
+pub fn utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}Z",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
+/// A span of time for people, to the precision that matters at its size: `850ms`, `42s`,
+/// `3m05s`, `5h12m`, `2d03h`.
+pub fn span(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0 => format!("{ms}ms"),
+        1..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..86_400 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{:02}h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+/// Unix milliseconds now, on this machine's clock (for ages and deadlines on display).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -328,5 +392,20 @@ mod tests {
         assert_eq!(bytes_human(1536), "1.5 KiB");
         assert_eq!(plural(1u64, "key", "keys"), "1 key");
         assert_eq!(plural(2u64, "key", "keys"), "2 keys");
+    }
+
+    #[test]
+    fn dates_spans_and_cells() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00Z");
+        assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00Z");
+        assert_eq!(utc(1_714_566_896_789), "2024-05-01 12:34:56Z");
+        assert_eq!(span(850), "850ms");
+        assert_eq!(span(42_000), "42s");
+        assert_eq!(span(185_000), "3m05s");
+        assert_eq!(span(5 * 3_600_000 + 12 * 60_000), "5h12m");
+        assert_eq!(span(2 * 86_400_000 + 3 * 3_600_000), "2d03h");
+        assert_eq!(one_line(Some("a\n  b\tc")), "a b c");
+        assert_eq!(cut("", 5), "-");
+        assert_eq!(cut("abcdef", 4), "abc…");
     }
 }

@@ -13,7 +13,7 @@ use clap::{Args, Subcommand};
 use serde_json::json;
 
 use super::client::{connect, finish, ClientArgs};
-use super::output::{emit, Format, Table};
+use super::output::{cut, emit, one_line, utc, Format, Table};
 
 #[derive(Args, Debug)]
 #[command(
@@ -435,56 +435,5 @@ fn acted(rec: &SagaRecord, verb: &str, format: Format) -> String {
         Format::Json => json!({ "id": rec.id, "state": rec.status.name() }).to_string(),
         Format::Simple => format!("{}\t{}", rec.id, rec.status.name()),
         Format::Table => format!("{verb} saga {}; it is {}", rec.id, rec.status.name()),
-    }
-}
-
-fn one_line(text: Option<&str>) -> String {
-    text.map(|t| t.split_whitespace().collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
-}
-
-fn cut(text: &str, max: usize) -> String {
-    if text.is_empty() {
-        return "-".into();
-    }
-    if text.chars().count() <= max {
-        return text.to_string();
-    }
-    let mut c: String = text.chars().take(max - 1).collect();
-    c.push('…');
-    c
-}
-
-/// Unix milliseconds as UTC, `2024-05-01 12:34:56Z` (no time-zone database needed).
-fn utc(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (days, rest) = (secs / 86_400, secs % 86_400);
-    // Howard Hinnant's civil_from_days.
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}Z",
-        rest / 3600,
-        rest % 3600 / 60,
-        rest % 60
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::utc;
-
-    #[test]
-    fn utc_dates() {
-        assert_eq!(utc(0), "1970-01-01 00:00:00Z");
-        assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00Z");
-        assert_eq!(utc(1_714_566_896_789), "2024-05-01 12:34:56Z");
     }
 }
