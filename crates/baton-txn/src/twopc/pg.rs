@@ -50,8 +50,24 @@ impl std::fmt::Debug for PgResource {
     }
 }
 
-fn unavailable(e: impl std::fmt::Display) -> ParticipantError {
-    ParticipantError::Unavailable(e.to_string())
+fn unavailable(e: impl std::error::Error) -> ParticipantError {
+    ParticipantError::Unavailable(with_causes(&e))
+}
+
+/// An error with its causes ("error connecting to server: Connection refused"): the driver's
+/// own message alone often does not say what went wrong.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let c_s = c.to_string();
+        if !s.contains(&c_s) {
+            s.push_str(": ");
+            s.push_str(&c_s);
+        }
+        cause = c.source();
+    }
+    s
 }
 
 /// Maps a driver error: an error the server sent is a refusal, anything else (connection,
@@ -59,7 +75,7 @@ fn unavailable(e: impl std::fmt::Display) -> ParticipantError {
 fn classify(e: tokio_postgres::Error) -> ParticipantError {
     match e.as_db_error() {
         Some(db) => ParticipantError::Refused(format!("{} ({})", db.message(), db.code().code())),
-        None => ParticipantError::Unavailable(e.to_string()),
+        None => ParticipantError::Unavailable(with_causes(&e)),
     }
 }
 
@@ -131,7 +147,7 @@ impl PgResource {
             // "prepared transaction with identifier … is busy": another session is finishing
             // it right now; ask again later.
             Err(e) if e.code() == Some(&SqlState::OBJECT_IN_USE) => {
-                Err(ParticipantError::Unavailable(e.to_string()))
+                Err(ParticipantError::Unavailable(with_causes(&e)))
             }
             Err(e) => Err(classify(e)),
         }
