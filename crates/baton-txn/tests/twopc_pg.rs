@@ -340,6 +340,22 @@ async fn a_coordinator_killed_at_every_fault_point_is_finished_by_recovery() {
         if point == "after_all_prepared" || point == "after_decision" {
             assert_eq!(prepared.len(), 2, "both branches in doubt");
         }
+        // Intent before PREPARE: every prepared branch's exact GID is already in the log.
+        let tx = &log.list(1).await.unwrap()[0];
+        let logged: Vec<&str> = tx
+            .intent
+            .as_ref()
+            .expect("the intent is logged first")
+            .branches
+            .iter()
+            .map(|b| b.gid.as_str())
+            .collect();
+        for gid in &prepared {
+            assert!(
+                logged.contains(&gid.as_str()),
+                "{point}: {gid} not in {logged:?}"
+            );
+        }
         let rec = recoverer(log.clone(), &banks.a, &banks.b);
         let in_doubt = format!("baton_txn_2pc_in_doubt_branches{{namespace={namespace}}}");
         let metrics = common::recorder::recorded();
