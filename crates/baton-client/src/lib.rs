@@ -188,4 +188,5 @@ pub use queue::Queue;
 pub use rwlock::RwLock;
 pub use semaphore::{Permit, Semaphore};
 pub use session::{LostReason, Session, SessionOptions, SessionState};
+pub use util::prefix_end;
 pub use watch::{EventKind, WatchEvent, WatchOptions, WatchStream};

@@ -37,7 +37,7 @@ pub(crate) async fn until<F: Future>(until: Option<Instant>, fut: F) -> Result<F
 
 /// etcd's `GetPrefixRangeEnd`: the smallest key greater than every key starting with `p`
 /// (`\0` — "to the end of the key space" — if there is none).
-pub(crate) fn prefix_end(p: &[u8]) -> Vec<u8> {
+pub fn prefix_end(p: &[u8]) -> Vec<u8> {
     let mut end = p.to_vec();
     while let Some(&last) = end.last() {
         if last < 0xff {

@@ -10,7 +10,9 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use baton_client::proto::etcdserverpb::response_op::Response;
-use baton_client::{Client, Compare, CompareOp, GetOptions, Leadership, TxnResponse};
+use baton_client::{
+    Client, Compare, CompareOp, GetOptions, KeyValue, Leadership, Op, PutOptions, Txn, TxnResponse,
+};
 use serde::de::DeserializeOwned;
 
 /// The fence of a worker elected through a Baton [`baton_client::Election`]: a write carrying
@@ -113,16 +115,39 @@ pub(crate) fn encode<T: serde::Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).expect("records are plain data and always encode")
 }
 
-/// The end of the key range that holds every key starting with `prefix`.
-pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
+/// Creates `key = value` and the empty marker `open_key` in one Baton transaction, if `key`
+/// does not exist yet. `None`: created; otherwise the existing value, which the caller
+/// compares with its own (a repeat of its own write whose answer was lost, or a conflict).
+/// Used for records that live in an "open" set while they need work (2PC intents, sagas).
+pub(crate) async fn create_open(
+    client: &Client,
+    key: &str,
+    value: &[u8],
+    open_key: &str,
+) -> Result<Option<KeyValue>, LogError> {
+    retry(|| async {
+        let r = client
+            .txn(
+                Txn::new()
+                    .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+                    .and_then([
+                        Op::put(key, value, PutOptions::new()),
+                        Op::put(open_key, "", PutOptions::new()),
+                    ])
+                    .or_else([Op::get(key, GetOptions::new())]),
+            )
+            .await?;
+        if r.succeeded {
+            return Ok(None);
         }
-    }
-    vec![0]
+        range(&r, 0)
+            .and_then(|r| r.kvs.first().cloned())
+            .map(Some)
+            // Deleted between the compare and the get of one transaction cannot happen;
+            // an empty answer means something else wrote the key meanwhile.
+            .ok_or_else(|| LogError::Contended(key.to_string()))
+    })
+    .await
 }
 
 /// Checks a namespace: it appears in keys and in the global transaction ids sent to
@@ -175,13 +200,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn prefix_end_covers_the_prefix() {
-        assert_eq!(prefix_end(b"a/"), b"a0".to_vec());
-        assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
-        assert_eq!(prefix_end(b"\xff\xff"), vec![0]);
-    }
 
     #[test]
     fn namespaces_are_short_and_plain() {

@@ -14,7 +14,7 @@ use serde_json::Value;
 use super::def::{encode_data, SagaDef, StepSpec};
 use super::SagaError;
 use crate::coordination::{
-    check_namespace, decode, encode, now_ms, prefix_end, range, retry, LeaderFence, LogError,
+    check_namespace, create_open, decode, encode, now_ms, range, retry, LeaderFence, LogError,
 };
 
 /// Where a saga stands.
@@ -230,7 +230,11 @@ pub struct SagaRecord {
 }
 
 impl SagaRecord {
-    fn new<D: Serialize>(def: &SagaDef<D>, id: &str, data: &D) -> Result<Self, SagaError> {
+    pub(crate) fn new<D: Serialize>(
+        def: &SagaDef<D>,
+        id: &str,
+        data: &D,
+    ) -> Result<Self, SagaError> {
         let now = now_ms();
         Ok(SagaRecord {
             id: id.to_string(),
@@ -367,27 +371,9 @@ impl SagaLog {
         let record = SagaRecord::new(def, id, data)?;
         let key = self.key(id);
         let value = encode(&record);
-        let r = retry(|| async {
-            Ok(self
-                .client
-                .txn(
-                    Txn::new()
-                        .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                        .and_then([
-                            Op::put(key.clone(), value.clone(), PutOptions::new()),
-                            Op::put(self.open_key(id), "", PutOptions::new()),
-                        ])
-                        .or_else([Op::get(key.clone(), GetOptions::new())]),
-                )
-                .await?)
-        })
-        .await?;
-        if r.succeeded {
+        let Some(kv) = create_open(&self.client, &key, &value, &self.open_key(id)).await? else {
             return Ok(record);
-        }
-        let kv = range(&r, 0)
-            .and_then(|r| r.kvs.first())
-            .ok_or_else(|| LogError::Contended(key.clone()))?;
+        };
         let existing: SagaRecord = decode(&kv.key, &kv.value)?;
         if existing.definition == record.definition && existing.data == record.data {
             Ok(existing)
@@ -424,7 +410,7 @@ impl SagaLog {
                 .get(
                     prefix.clone(),
                     GetOptions::new()
-                        .with_range_end(prefix_end(prefix.as_bytes()))
+                        .with_range_end(baton_client::prefix_end(prefix.as_bytes()))
                         .with_sort(SortTarget::Create, SortOrder::Ascend),
                 )
                 .await?)

@@ -953,7 +953,6 @@ fn record_compensation(
 mod tests {
     use super::*;
     use crate::saga::def::{RetryPolicy, StepCtx};
-    use crate::saga::log::StepRecord;
 
     fn noop(_: StepCtx<()>) -> crate::saga::BoxFuture<'static, Result<Value, StepError>> {
         Box::pin(async { Ok(Value::Null) })
@@ -977,36 +976,7 @@ mod tests {
     }
 
     fn record(def: &SagaDef<()>) -> SagaRecord {
-        SagaRecord {
-            id: "s1".into(),
-            definition: "t".into(),
-            data: Value::Null,
-            status: SagaStatus::Running,
-            steps: def
-                .steps()
-                .iter()
-                .map(|s| StepRecord {
-                    name: s.name.clone(),
-                    state: StepState::Pending,
-                    attempts: 0,
-                    failures: 0,
-                    outcome_unknown: false,
-                    output: None,
-                    last_error: None,
-                    next_attempt_ms: None,
-                    started_ms: None,
-                    finished_ms: None,
-                    compensation: None,
-                })
-                .collect(),
-            reason: None,
-            cancel_requested: false,
-            audit: vec![],
-            created_ms: 0,
-            updated_ms: 0,
-            finished_ms: None,
-            orchestrator: None,
-        }
+        SagaRecord::new(def, "s1", &()).unwrap()
     }
 
     fn run(step: usize, phase: Phase) -> Plan {

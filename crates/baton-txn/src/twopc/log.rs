@@ -15,7 +15,7 @@ use std::time::Duration;
 use super::ids::{BranchId, Gid, TxId};
 use super::participant::BoxFuture;
 use crate::coordination::{
-    check_namespace, decode, encode, now_ms, prefix_end, range, retry, LeaderFence, LogError,
+    check_namespace, create_open, decode, encode, now_ms, range, retry, LeaderFence, LogError,
 };
 
 /// The outcome every branch of a transaction gets.
@@ -370,33 +370,16 @@ impl DecisionLog for BatonDecisionLog {
         Box::pin(async move {
             let key = self.intent_key(intent.tx);
             let value = encode(intent);
-            retry(|| async {
-                let r = self
-                    .client
-                    .txn(
-                        Txn::new()
-                            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                            .and_then([
-                                Op::put(key.clone(), value.clone(), PutOptions::new()),
-                                Op::put(self.open_key(intent.tx), "", PutOptions::new()),
-                            ])
-                            .or_else([Op::get(key.clone(), GetOptions::new())]),
-                    )
-                    .await?;
-                if r.succeeded {
-                    return Ok(());
-                }
+            match create_open(&self.client, &key, &value, &self.open_key(intent.tx)).await? {
+                None => Ok(()),
                 // A repeat of our own write (the first attempt's answer was lost) finds our
                 // record; anything else is a second intent for one id.
-                match range(&r, 0).and_then(|r| r.kvs.first()) {
-                    Some(kv) if kv.value == value => Ok(()),
-                    _ => Err(LogError::Invalid(format!(
-                        "transaction {} already has an intent",
-                        intent.tx
-                    ))),
-                }
-            })
-            .await
+                Some(kv) if kv.value == value => Ok(()),
+                Some(_) => Err(LogError::Invalid(format!(
+                    "transaction {} already has an intent",
+                    intent.tx
+                ))),
+            }
         })
     }
 
@@ -539,7 +522,7 @@ impl DecisionLog for BatonDecisionLog {
             let prefix = format!("{}tx/", self.root);
             // Keys only, newest first (ids sort by time), a page at a time.
             const PAGE: i64 = 512;
-            let mut end = prefix_end(prefix.as_bytes());
+            let mut end = baton_client::prefix_end(prefix.as_bytes());
             let mut ids: Vec<TxId> = Vec::new();
             while ids.len() < limit {
                 let r = retry(|| async {
