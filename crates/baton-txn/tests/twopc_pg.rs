@@ -8,6 +8,8 @@
 //!   or commits (after it) every branch; nothing is left prepared;
 //! - a coordinator paused (SIGSTOP) past its deadline: the Recoverer aborts; resumed, the
 //!   coordinator's commit loses the compare-and-set and it follows the abort;
+//! - a coordinator cut off from Baton (a proxy that goes silent) cannot decide, so nothing
+//!   commits; recovery aborts after the deadline, and healed, the coordinator follows;
 //! - a branch rolled back by hand after a commit decision → a heuristic outcome, reported
 //!   once and never retried;
 //! - a prepared branch with our prefix but no intent is aborted; a foreign one is left alone;
@@ -664,4 +666,92 @@ async fn a_decision_kept_in_memory_leaves_branches_in_doubt() {
     let ((sum_a, ids_a), (sum_b, ids_b)) = banks.state().await;
     assert_eq!((sum_a, sum_b), (total - 70, total + 70));
     assert_eq!(ids_a, ids_b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_cut_off_from_baton_cannot_commit() {
+    let server = TestServer::start(Flavor::Baton);
+    let namespace = "t-cut";
+    // The coordinator reaches Baton through a proxy that goes silent once every branch is
+    // prepared (a partition between it and the Raft group); recovery talks to Baton directly.
+    let proxy = Arc::new(baton_client::testing::Proxy::start(server.endpoint()).await);
+    let cut_off = baton_client::Client::connect(
+        ClientConfig::new([proxy.endpoint()]).with_request_timeout(Duration::from_millis(500)),
+    )
+    .await
+    .unwrap();
+    let direct = baton(&server.endpoint()).await;
+    let log: Arc<dyn DecisionLog> = Arc::new(BatonDecisionLog::new(&direct, namespace).unwrap());
+    let banks = open_banks("t2pc_cut").await;
+    let hook_proxy = proxy.clone();
+    let coord = banks
+        .coordinator(Arc::new(
+            BatonDecisionLog::new(&cut_off, namespace).unwrap(),
+        ))
+        .with_fault_hook(move |p: &FaultPoint| {
+            if *p == FaultPoint::AfterAllPrepared {
+                hook_proxy.pause();
+            }
+        });
+    let coordinating = tokio::spawn(async move { banks_transfer(coord).await });
+
+    // Cut off, the coordinator cannot decide: past the deadline recovery aborts, and both
+    // branches roll back. Nothing was committed in the meantime.
+    let rec = recoverer(log.clone(), &banks.a, &banks.b);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let report = rec.resolve_once(None).await.unwrap();
+        if report.aborted.len() == 1 {
+            assert_eq!(report.rolled_back.len(), 2, "{report:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "recovery never aborted: {report:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let ((sum_a, ids_a), (sum_b, _)) = banks.state().await;
+    assert_eq!(
+        (sum_a, sum_b),
+        (ACCOUNTS as i64 * OPENING, ACCOUNTS as i64 * OPENING)
+    );
+    assert!(ids_a.is_empty());
+
+    // Healed, the coordinator learns the decision it lost and follows it (or, if its retries
+    // ran out first, reports that the log failed: recovery has finished the transaction
+    // either way).
+    proxy.resume();
+    match coordinating.await.unwrap() {
+        Ok(Outcome::Aborted { reason, .. }) => assert!(reason.contains("recoverer"), "{reason}"),
+        Err(baton_txn::twopc::TxError::Log(e)) => println!("the coordinator gave up: {e}"),
+        other => panic!("a cut-off coordinator must not commit: {other:?}"),
+    }
+    assert!(pg_prepared(namespace).await.is_empty());
+    assert_eq!(log.list(1).await.unwrap()[0].state(), TxState::Aborted);
+}
+
+/// One transfer of 70 from bank a to bank b (the banks of `t2pc_cut`).
+async fn banks_transfer(coord: Coordinator) -> Result<Outcome, baton_txn::twopc::TxError> {
+    let banks = Banks {
+        a: Arc::new(pg_resource(
+            "t2pc_cut_a",
+            &baton_txn::pg::Schema::new("t2pc_cut_a").unwrap(),
+        )),
+        b: Arc::new(pg_resource(
+            "t2pc_cut_b",
+            &baton_txn::pg::Schema::new("t2pc_cut_b").unwrap(),
+        )),
+        a_schema: "t2pc_cut_a".into(),
+        b_schema: "t2pc_cut_b".into(),
+    };
+    pg_transfer(
+        &coord,
+        (&banks.a, &banks.a_schema),
+        (&banks.b, &banks.b_schema),
+        1,
+        2,
+        70,
+    )
+    .await
 }
