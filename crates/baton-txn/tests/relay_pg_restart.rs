@@ -9,7 +9,6 @@
 mod common;
 
 use std::collections::HashSet;
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -24,12 +23,6 @@ const SUBJECT: &str = "t_relay_restart.orders";
 const AGGREGATES: usize = 30;
 const PER_AGGREGATE: usize = 100;
 
-fn services(args: &[&str]) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/services");
-    let status = Command::new(script).args(args).status().unwrap();
-    assert!(status.success(), "scripts/services {args:?}: {status}");
-}
-
 /// Starts PostgreSQL again if the test fails while it is stopped, so the test binaries after
 /// this one find it running.
 struct RestartOnDrop;
@@ -37,7 +30,7 @@ struct RestartOnDrop;
 impl Drop for RestartOnDrop {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            services(&["start", "pg"]);
+            common::services(&["start", "pg"]);
         }
     }
 }
@@ -119,10 +112,10 @@ async fn postgres_restarted_under_a_running_relay_loses_nothing() {
     }
     let guard = RestartOnDrop;
     tokio::task::spawn_blocking(|| {
-        services(&["stop", "pg"]);
+        common::services(&["stop", "pg"]);
         // Down long enough for the relay to fail a few times and back off.
         std::thread::sleep(Duration::from_secs(1));
-        services(&["start", "pg"]);
+        common::services(&["start", "pg"]);
     })
     .await
     .unwrap();

@@ -45,18 +45,14 @@ async fn every_fault_point_across_postgresql_and_mariadb() {
         println!("{point}: {in_doubt} branches prepared after the kill");
 
         let recoverer = banks.recoverer(log.clone());
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !log.open().await.unwrap().is_empty()
-            || !pg_prepared(&namespace).await.is_empty()
-            || !banks.maria_prepared(&namespace).await.is_empty()
-        {
-            recoverer.resolve_once(None).await.unwrap();
-            assert!(
-                Instant::now() < deadline,
-                "{point}: recovery did not finish"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        banks
+            .wait_resolved(
+                log.as_ref(),
+                &namespace,
+                Duration::from_secs(20),
+                Some(&recoverer),
+            )
+            .await;
         let moved = banks.assert_consistent().await;
         let committed = point.starts_with("after_decision") || point.starts_with("after_phase2");
         assert_eq!(moved, committed as usize, "{point}");
@@ -122,7 +118,7 @@ async fn a_thousand_transfers_with_random_coordinator_kills() {
     assert_eq!(outcomes + kills.len(), TRANSFERS as usize);
 
     banks
-        .wait_resolved(log.as_ref(), namespace, Duration::from_secs(30))
+        .wait_resolved(log.as_ref(), namespace, Duration::from_secs(30), None)
         .await;
     let moved = banks.assert_consistent().await;
     let records = log.list(2 * TRANSFERS as usize).await.unwrap();

@@ -8,20 +8,13 @@
 
 mod common;
 
-use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use baton_client::testing::{Flavor, TestServer};
 use baton_txn::twopc::{BatonDecisionLog, DecisionLog};
 use common::bank::pg_prepared;
 use common::bank2::{baton, maria_url, run_child, Banks, DEFAULT_MARIADB_URL};
-
-fn services(args: &[&str]) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/services");
-    let status = Command::new(script).args(args).status().unwrap();
-    assert!(status.success(), "scripts/services {args:?}: {status}");
-}
 
 /// Starts the databases again if the test fails while they are stopped, so the test
 /// binaries after this one find them running.
@@ -30,7 +23,7 @@ struct RestartOnDrop;
 impl Drop for RestartOnDrop {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            services(&["start", "pg", "mariadb"]);
+            common::services(&["start", "pg", "mariadb"]);
         }
     }
 }
@@ -79,8 +72,8 @@ async fn prepared_branches_survive_a_database_restart_and_are_recovered() {
             "{point}: {before:?}"
         );
 
-        services(&["stop", "pg", "mariadb"]);
-        services(&["start", "pg", "mariadb"]);
+        common::services(&["stop", "pg", "mariadb"]);
+        common::services(&["start", "pg", "mariadb"]);
         // A fresh pool: the old connections died with the server.
         let banks = Banks::attach(name);
         let after = (
@@ -93,18 +86,14 @@ async fn prepared_branches_survive_a_database_restart_and_are_recovered() {
         );
 
         let recoverer = banks.recoverer(log.clone());
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !log.open().await.unwrap().is_empty()
-            || !pg_prepared(&namespace).await.is_empty()
-            || !banks.maria_prepared(&namespace).await.is_empty()
-        {
-            let report = recoverer.resolve_once(None).await.unwrap();
-            assert!(
-                Instant::now() < deadline,
-                "{point}: not recovered: {report:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        banks
+            .wait_resolved(
+                log.as_ref(),
+                &namespace,
+                Duration::from_secs(30),
+                Some(&recoverer),
+            )
+            .await;
         assert_eq!(banks.assert_consistent().await, commits as usize, "{point}");
     }
 }

@@ -193,9 +193,19 @@ impl Banks {
     }
 
     /// Waits until nothing of `namespace` is open in the log or prepared in either database.
-    pub async fn wait_resolved(&self, log: &dyn DecisionLog, namespace: &str, within: Duration) {
+    /// With `recoverer`, runs one of its passes each round (else one runs elsewhere).
+    pub async fn wait_resolved(
+        &self,
+        log: &dyn DecisionLog,
+        namespace: &str,
+        within: Duration,
+        recoverer: Option<&Recoverer>,
+    ) {
         let deadline = Instant::now() + within;
         loop {
+            if let Some(r) = recoverer {
+                r.resolve_once(None).await.unwrap();
+            }
             let open = log.open().await.unwrap();
             let pg = pg_prepared(namespace).await;
             let maria = self.maria_prepared(namespace).await;

@@ -15,6 +15,13 @@ use tokio_postgres::NoTls;
 /// The server `scripts/services` starts (and `scripts/test` starts before the tests).
 pub const DEFAULT_PG_URL: &str = "postgres://baton@127.0.0.1:55432/baton";
 
+/// Runs `scripts/services` with `args` (the restart tests stop and start the servers).
+pub fn services(args: &[&str]) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/services");
+    let status = Command::new(script).args(args).status().unwrap();
+    assert!(status.success(), "scripts/services {args:?}: {status}");
+}
+
 pub fn pg_url() -> String {
     std::env::var("BATON_TEST_PG_URL").unwrap_or_else(|_| DEFAULT_PG_URL.to_string())
 }
