@@ -5,6 +5,7 @@
 //! keep-alives and TimeToLive go to the leader (`Node::renew_lease`,
 //! `Node::lease_time_to_live`).
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 
 use baton_core::{Command, KvError, LeaseId, Response, MAX_LEASE_TTL_S};
@@ -22,14 +23,29 @@ use crate::Shared;
 
 /// Keep-alives of one stream renewed at once, at most.
 const KEEP_ALIVES_IN_FLIGHT: usize = 256;
+/// Keep-alives of one stream read ahead of their renewal, at most (8 bytes each): a client
+/// keeping 50,000 leases alive sends them in one burst, and what is not read stays in h2,
+/// which counts it against the connection's budget for small frames (`crate::transport`).
+/// Beyond this the stream waits for renewals, and flow control holds the client back.
+const KEEP_ALIVES_READ_AHEAD: usize = 1 << 17;
 
 type Renewal = Pin<Box<dyn Future<Output = Result<pb::LeaseKeepAliveResponse, Status>> + Send>>;
 
-/// The state of one `LeaseKeepAlive` stream: requests still to come and renewals in flight.
+/// The state of one `LeaseKeepAlive` stream: requests still to come, read but not yet
+/// renewing, and renewals in flight.
 struct KeepAliveStream {
     inbound: Option<Streaming<pb::LeaseKeepAliveRequest>>,
+    queued: VecDeque<i64>,
     pending: FuturesOrdered<Renewal>,
     shared: Shared,
+}
+
+/// The next request of a stream that is still open (`select!` evaluates the branch's future
+/// even when its condition is false, so it must not need the stream to exist).
+async fn next_request(
+    inbound: &mut Option<Streaming<pb::LeaseKeepAliveRequest>>,
+) -> Option<Result<pb::LeaseKeepAliveRequest, Status>> {
+    inbound.as_mut()?.next().await
 }
 
 /// Renews one lease and builds its answer (etcd's: `ttl` 0 for a lease that is gone).
@@ -136,37 +152,41 @@ impl pb::lease_server::Lease for LeaseService {
         // a large share of the cost. A client that stops reading responses stalls only its
         // own stream, through HTTP/2 flow control.
         //
-        // Requests of one stream are renewed concurrently (up to `KEEP_ALIVES_IN_FLIGHT`),
-        // answered in order: on a follower each renewal is a trip to the leader, batched with
+        // Requests are read as they arrive (up to `KEEP_ALIVES_READ_AHEAD` queued) and
+        // renewed concurrently (up to `KEEP_ALIVES_IN_FLIGHT`), answered in order: on a follower each renewal is a trip to the leader, batched with
         // other keep-alives after a short linger (`baton_raft` forwarding), and one at a time
         // a stream could renew only a few hundred leases a second.
         let state = KeepAliveStream {
             inbound: Some(inbound),
+            queued: VecDeque::new(),
             pending: FuturesOrdered::new(),
             shared: self.shared.clone(),
         };
         let stream = futures::stream::unfold(Some(state), |state| async move {
             let mut st = state?;
             loop {
-                let room = st.pending.len() < KEEP_ALIVES_IN_FLIGHT;
-                let reply = match (&mut st.inbound, room) {
-                    (Some(inbound), true) => tokio::select! {
-                        biased;
-                        Some(reply) = st.pending.next(), if !st.pending.is_empty() => reply,
-                        req = inbound.next() => {
-                            match req {
-                                Some(Ok(req)) => {
-                                    let renewal = renew(st.shared.clone(), req.id);
-                                    st.pending.push_back(Box::pin(renewal));
-                                }
-                                // The client closed its side (or broke it): answer what
-                                // is pending, then end.
-                                _ => st.inbound = None,
-                            }
-                            continue;
+                while st.pending.len() < KEEP_ALIVES_IN_FLIGHT {
+                    let Some(id) = st.queued.pop_front() else {
+                        break;
+                    };
+                    st.pending.push_back(Box::pin(renew(st.shared.clone(), id)));
+                }
+                let may_read = st.inbound.is_some() && st.queued.len() < KEEP_ALIVES_READ_AHEAD;
+                let reply = tokio::select! {
+                    // Reading comes first: every request already received is taken out of
+                    // the HTTP/2 layer before the next answer goes out (module docs).
+                    biased;
+                    req = next_request(&mut st.inbound), if may_read => {
+                        match req {
+                            Some(Ok(req)) => st.queued.push_back(req.id),
+                            // The client closed its side (or broke it): answer what is
+                            // queued and pending, then end.
+                            _ => st.inbound = None,
                         }
-                    },
-                    _ => st.pending.next().await?,
+                        continue;
+                    }
+                    Some(reply) = st.pending.next(), if !st.pending.is_empty() => reply,
+                    else => return None,
                 };
                 // An error ends the stream after it is sent.
                 let next = reply.is_ok().then_some(st);

@@ -24,6 +24,7 @@ pub mod lease;
 pub mod locks;
 pub mod maintenance;
 pub mod metrics_layer;
+pub mod transport;
 pub mod v3lock;
 pub mod watch;
 
@@ -49,6 +50,9 @@ pub struct ServerConfig {
     pub min_lease_ttl_s: i64,
     /// Interval of progress notifications for watchers that asked for them.
     pub watch_progress_interval: Duration,
+    /// HTTP/2 streams one client connection may have open at once (etcd's
+    /// `--max-concurrent-streams`; default [`transport::DEFAULT_MAX_CONCURRENT_STREAMS`]).
+    pub max_concurrent_streams: u32,
 }
 
 /// State shared by all services: the replica and the bits every handler needs.
@@ -137,11 +141,7 @@ pub async fn serve_with_locks(
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|source| ServeError::Bind { addr, source })?;
-        // Without TCP_NODELAY, Nagle's algorithm meets the client's delayed ACKs and small
-        // responses wait ~40 ms (a custom listener does not get tonic's default).
-        let incoming = tonic::transport::server::TcpIncoming::from(listener)
-            .with_nodelay(Some(true))
-            .with_keepalive(Some(Duration::from_secs(60)));
+        let incoming = transport::Incoming::new(listener);
         let router = grpc_router(&shared, &locks);
         let mut stop = stop_rx.clone();
         tasks.spawn(async move {
@@ -205,8 +205,7 @@ pub fn grpc_router(
     use baton_proto::v3electionpb::election_server::ElectionServer;
     use baton_proto::v3lockpb::lock_server::LockServer as V3LockServer;
 
-    tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+    transport::server_builder(shared.config.max_concurrent_streams)
         .layer(metrics_layer::GrpcMetricsLayer)
         .layer(learner_layer::LearnerGuardLayer {
             node: shared.node.clone(),

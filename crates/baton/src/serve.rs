@@ -89,6 +89,11 @@ pub struct ServeArgs {
     /// Interval of progress notifications to watchers that ask for them, in seconds.
     #[arg(long, default_value_t = 600)]
     watch_progress_notify_interval: u64,
+    /// HTTP/2 streams one client connection may have open at once (etcd's flag and default,
+    /// 2^32 − 1). What one connection can make the server buffer is bounded by its receive
+    /// windows whatever the stream count (`baton_server::transport`).
+    #[arg(long, default_value_t = baton_server::transport::DEFAULT_MAX_CONCURRENT_STREAMS, value_parser = clap::value_parser!(u32).range(1..))]
+    max_concurrent_streams: u32,
     /// Log filter (tracing's env-filter syntax), e.g. `info` or `baton_raft=debug`.
     #[arg(long, default_value = "info,openraft=warn")]
     log_level: String,
@@ -232,6 +237,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
             watch_progress_interval: Duration::from_secs(
                 args.watch_progress_notify_interval.max(1),
             ),
+            max_concurrent_streams: args.max_concurrent_streams,
         },
     };
     // A member removed from the cluster stops serving (as etcd does): it would otherwise

@@ -202,6 +202,7 @@ fn start_joiner(
         .iter()
         .map(|s| s.to_string())
         .collect(),
+        nofile_limit: None,
     };
     b.spawn();
     b

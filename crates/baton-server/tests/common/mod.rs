@@ -42,6 +42,7 @@ impl Server {
                 metrics_addrs: Vec::new(),
                 min_lease_ttl_s: 1,
                 watch_progress_interval: Duration::from_secs(600),
+                max_concurrent_streams: baton_server::transport::DEFAULT_MAX_CONCURRENT_STREAMS,
             },
         };
         let engine = LockEngine::new(shared.clone());

@@ -26,6 +26,8 @@ pub struct Baton {
     pub peer_port: u16,
     /// Extra `baton serve` flags, kept across restarts.
     pub extra_args: Vec<String>,
+    /// `ulimit -n` of the server process (None: inherited).
+    pub nofile_limit: Option<u64>,
 }
 
 impl Baton {
@@ -38,6 +40,11 @@ impl Baton {
     /// choosing it and the server binding it (another process on this machine may listen on
     /// any free port meanwhile), starts again on fresh ports.
     pub fn start_with(data_dir: &Path, extra_args: &[&str]) -> Baton {
+        Baton::start_limited(data_dir, extra_args, None)
+    }
+
+    /// Like [`Baton::start_with`], with the server's descriptor limit (`ulimit -n`) set.
+    pub fn start_limited(data_dir: &Path, extra_args: &[&str], nofile_limit: Option<u64>) -> Baton {
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -48,6 +55,7 @@ impl Baton {
                 metrics_port: free_port_below_ephemeral(),
                 peer_port: free_port_below_ephemeral(),
                 extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
+                nofile_limit,
             };
             match b.try_spawn() {
                 Ok(()) => return b,
@@ -81,7 +89,24 @@ impl Baton {
             .expect("open log file");
         // The log is appended to across restarts: only what this run writes counts.
         let log_start = log.metadata().map(|m| m.len()).unwrap_or(0) as usize;
-        let child = Command::new(env!("CARGO_BIN_EXE_baton"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_baton"));
+        if let Some(limit) = self.nofile_limit {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+            unsafe {
+                command.pre_exec(move || {
+                    let lim = libc::rlimit {
+                        rlim_cur: limit,
+                        rlim_max: limit,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = command
             .arg("serve")
             .arg("--data-dir")
             .arg(&self.data_dir)
@@ -239,6 +264,7 @@ impl Cluster {
                     metrics_port: free_port_below_ephemeral(),
                     peer_port: *port,
                     extra_args: args,
+                    nofile_limit: None,
                 }
             })
             .collect();
@@ -822,4 +848,17 @@ pub async fn agreed_leader(endpoints: &[String], within_d: Duration) -> usize {
     let chans: Vec<_> = endpoints.iter().map(|e| lazy_channel(e)).collect();
     let all: Vec<usize> = (0..chans.len()).collect();
     agreed_leader_of(&chans, &all, within_d).await
+}
+
+/// A plain HTTP/1.0 GET over loopback (no HTTP client dependency needed for `/metrics` and
+/// `/health`): the status code and the body.
+pub fn http_get(port: u16, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).unwrap();
+    let code = buf[9..12].parse().unwrap();
+    let body = buf.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
+    (code, body)
 }
