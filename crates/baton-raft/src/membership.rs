@@ -18,7 +18,10 @@
 //! the other members listed in `--initial-cluster` for the membership (the `Members` peer
 //! method), finds itself by its advertised peer URLs (as etcd does), adopts the member id and
 //! cluster id from the answer, persists them and waits to be contacted: the leader has been
-//! trying to replicate to it since `MemberAdd` and catches it up by log or snapshot.
+//! trying to replicate to it since `MemberAdd` and catches it up by log or snapshot. The
+//! question carries a [`JoinCredential`] of the joiner's `--initial-cluster-token`; a member
+//! answers only its own token's (the membership names every id and peer URL a forger of
+//! peer messages would need).
 //!
 //! # Removal
 //! A member learns it was removed either by applying the configuration without it, or,

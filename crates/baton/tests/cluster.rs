@@ -338,9 +338,17 @@ async fn forged_peer_messages_are_refused() {
         .expect("the leader answers Status");
     let leader_id = status.member_id;
 
-    // What a stranger learns from any member's client port.
+    // What a stranger learns from any member's client port (once the follower has applied
+    // the initial membership).
     let mut c = client(&eps[follower]).await;
-    let list = c.member_list().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let list = loop {
+        let list = c.member_list().await.unwrap();
+        if list.members().len() == 3 || Instant::now() > deadline {
+            break list;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     let cluster_id = list.header().unwrap().cluster_id();
     let follower_ids: Vec<u64> = list
         .members()
