@@ -19,8 +19,11 @@
 //! - a forwarded `Publish` names its sender (a member publishes only its own attributes);
 //! - `Members` answers only a request with the cluster token's credential.
 //!
-//! So a forged message can do at most what a client of the receiver could, until TLS lets
-//! [`PeerService::open`] check the claimed `from` against the connection's identity.
+//! So a forged forwarded request can do at most what a client of the receiver could. What
+//! these checks cannot bound is openraft's own messages: a forged `AppendEntries` or
+//! `InstallSnapshot` with a higher term is a leader as far as Raft knows. Only peer TLS
+//! closes that, by letting [`PeerService::open`] check the claimed `from` against the
+//! connection's identity.
 
 use std::net::SocketAddr;
 use std::sync::Weak;
@@ -102,7 +105,11 @@ impl Refusal {
         tracing::debug!(refusal = %self, "peer message refused");
         match self {
             Refusal::UnknownSender(_) => Status::failed_precondition(self.to_string()),
-            _ => Status::permission_denied(self.to_string()),
+            Refusal::FromReceiver(_)
+            | Refusal::Removed(_)
+            | Refusal::LeaderOnly(_)
+            | Refusal::PublishForAnother { .. }
+            | Refusal::NoClusterToken => Status::permission_denied(self.to_string()),
         }
     }
 }
