@@ -14,7 +14,9 @@
 //! - `network` (client) and `peer_server` (server): the peer transport, openraft's messages
 //!   and requests forwarded to the leader over the `baton.raft.v1.Raft` gRPC service;
 //!   `wire`: the bincode payloads of that service; `forward`: the follower's batching of
-//!   what it forwards.
+//!   what it forwards;
+//! - `origin`: which commands a client may cause and which only the leader's own duties
+//!   propose (checked on everything that enters from outside).
 //!
 //! # Followers
 //! Only the leader proposes, keeps the lease clock and can confirm a read index. [`Node`]'s
@@ -38,6 +40,7 @@ mod forward;
 mod lease;
 mod membership;
 mod network;
+mod origin;
 mod peer_server;
 mod proposer;
 mod sm;
@@ -79,6 +82,7 @@ use crate::files::MemberMeta;
 use crate::forward::ForwardError;
 pub use crate::membership::{JoinError, MemberChanged, MemberError, REMOVED_MESSAGE};
 use crate::network::{Method, PeerError, PeerNetwork, Peers};
+pub use crate::origin::{origin, LeaderDuty, Origin};
 use crate::proposer::Proposer;
 use crate::sm::{AppliedState, CurrentSnapshot, Shared, StateStore};
 pub use crate::transfer::TransferError;
@@ -204,6 +208,11 @@ pub enum ProposeError {
     /// later. Nothing was done.
     #[error("too many requests")]
     TooManyRequests,
+    /// The command is one only the leader's own duties propose (lease expiry, checkpoints,
+    /// blank entries; see `origin`), and it came from a caller of [`Node::propose`] or a
+    /// peer. Nothing was done.
+    #[error("baton: {0} is proposed only by the leader itself, never on request")]
+    LeaderOnly(LeaderDuty),
 }
 
 /// Why a replica could not start.
@@ -540,7 +549,7 @@ impl Node {
                     .iter()
                     .flat_map(|m| m.peer_urls.clone())
                     .collect();
-                membership::join_existing(&data_dir, &config, listed).await?
+                membership::join_existing(&data_dir, &config, &c.token, listed).await?
             }
             _ => load_or_create_member(&data_dir, &config.name, pristine, initial.as_ref())?,
         };
@@ -656,6 +665,12 @@ impl Node {
             let service = peer_server::PeerService {
                 cluster_id: member.cluster_id,
                 me: member.member_id,
+                join_credential: node
+                    .inner
+                    .config
+                    .cluster
+                    .as_ref()
+                    .map(|c| membership::JoinCredential::of_token(&c.token)),
                 raft: node.inner.raft.clone(),
                 node: Arc::downgrade(&node.inner),
             };
@@ -682,7 +697,12 @@ impl Node {
     /// On a follower the command is forwarded to the leader, and the call returns once this
     /// member has applied it too (a client reads its own write on the member it wrote
     /// through, and this member's watchers have seen it).
+    ///
+    /// Only commands a client may cause are accepted ([`Origin::Client`]); the leader's own
+    /// duties (lease expiry, checkpoints) propose through the crate's internal entry point,
+    /// and asking for one here is refused with [`ProposeError::LeaderOnly`].
     pub async fn propose(&self, command: Command) -> Result<Proposed, ProposeError> {
+        origin::client_may_propose(&command).map_err(ProposeError::LeaderOnly)?;
         let inner = &self.inner;
         let deadline = Instant::now() + REQUEST_TIMEOUT;
         let mut req = LeaderRequest::Propose(command);
@@ -1214,7 +1234,9 @@ impl Inner {
         self.tasks.lock().push(task);
     }
 
-    /// Proposes through this replica's own proposer (it must be the leader).
+    /// Proposes through this replica's own proposer (it must be the leader). The internal
+    /// entry point: the leader's duties call it with their own commands, and the peer
+    /// service only after checking a forwarded command's origin (`peer_server`).
     async fn propose(&self, command: Command) -> Result<Proposed, ProposeError> {
         self.check_running()?;
         self.wait_transfer(Instant::now() + REQUEST_TIMEOUT).await;

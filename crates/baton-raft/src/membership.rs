@@ -18,7 +18,10 @@
 //! the other members listed in `--initial-cluster` for the membership (the `Members` peer
 //! method), finds itself by its advertised peer URLs (as etcd does), adopts the member id and
 //! cluster id from the answer, persists them and waits to be contacted: the leader has been
-//! trying to replicate to it since `MemberAdd` and catches it up by log or snapshot.
+//! trying to replicate to it since `MemberAdd` and catches it up by log or snapshot. The
+//! question carries a [`JoinCredential`] of the joiner's `--initial-cluster-token`; a member
+//! answers only its own token's (the membership names every id and peer URL a forger of
+//! peer messages would need).
 //!
 //! # Removal
 //! A member learns it was removed either by applying the configuration without it, or,
@@ -38,6 +41,7 @@ use openraft::{ChangeMembers, Membership, ServerState};
 use serde::{Deserialize, Serialize};
 
 use crate::files::{self, MemberMeta};
+use crate::network::AskError;
 use crate::types::Member;
 use crate::wire::{self, LeaderRequest, LeaderResponse};
 use crate::{
@@ -148,16 +152,70 @@ pub enum JoinError {
          directory); remove it and add it again"
     )]
     AlreadyBootstrapped { id: u64 },
+    /// Every listed member that answered refused to tell the membership: the token differs.
+    #[error(
+        "--initial-cluster-token: the listed members refused to tell this member the \
+         membership ({0}); start it with the cluster's token"
+    )]
+    TokenRefused(String),
 }
 
 /// What a checked change does in openraft's terms: the change, whether removed voters stay
 /// as learners (`retain`), and the id of an added member.
 type Plan = (ChangeMembers<u64, Member>, bool, Option<u64>);
 
-/// Asked by a joining member: its advertised peer URLs.
+/// Asked by a joining member: its advertised peer URLs, and proof that it was given the
+/// cluster token. (Before issue 14 it carried the URLs only and anyone was answered; every
+/// member runs the same build, so the format changed with no version of its own.)
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct JoinRequest {
     pub(crate) peer_urls: Vec<String>,
+    pub(crate) credential: JoinCredential,
+}
+
+/// What a joiner shows for `--initial-cluster-token`: SHA-256 of the token under a domain
+/// tag, compared by the asked member with the digest of its own token. A digest rather than
+/// the token, so a captured request does not hand out the token itself (it also seeds the
+/// member and cluster ids, and an operator may reuse it); a captured digest can still be
+/// replayed to `Members` until peer TLS (a later issue) protects the connection — which is
+/// also what a challenge-response would have needed, for one more round trip.
+#[derive(Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct JoinCredential([u8; 32]);
+
+impl JoinCredential {
+    pub(crate) fn of_token(token: &str) -> JoinCredential {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        h.update(b"baton-join-credential-v1\0");
+        h.update(token.as_bytes());
+        JoinCredential(h.finalize().into())
+    }
+
+    /// Constant-time, so how long a refusal takes says nothing about how close a guess was.
+    pub(crate) fn matches(&self, other: &JoinCredential) -> bool {
+        self.0
+            .iter()
+            .zip(other.0.iter())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+    }
+}
+
+impl std::fmt::Debug for JoinCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("JoinCredential(..)")
+    }
+}
+
+/// [`Inner::sender_standing`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SenderStanding {
+    /// In this member's membership (voter or learner).
+    Member,
+    /// Not in the leader's membership: removed (or never added).
+    Removed,
+    /// Not in this follower's membership; it may just not know yet.
+    Unknown,
 }
 
 /// The answer: the membership the asked member knows (the cluster id is in the envelope).
@@ -530,17 +588,23 @@ impl Inner {
         }
     }
 
-    /// Whether a peer message from `from` comes from a member that is no longer in the
-    /// cluster. Only the leader answers this (see `PeerService::refuse_removed`).
-    pub(crate) fn sender_was_removed(&self, from: u64) -> bool {
+    /// Where the sender of a peer message stands in this member's membership. Only the
+    /// leader can say "removed": it holds every configuration ever proposed, while a lagging
+    /// follower may not know yet a member that was just added.
+    pub(crate) fn sender_standing(&self, from: u64) -> SenderStanding {
         let m = self.raft.metrics();
         let m = m.borrow();
-        m.state == ServerState::Leader
-            && from != self.member_id
-            && m.membership_config.membership().get_node(&from).is_none()
+        if m.membership_config.membership().get_node(&from).is_some() {
+            SenderStanding::Member
+        } else if m.state == ServerState::Leader {
+            SenderStanding::Removed
+        } else {
+            SenderStanding::Unknown
+        }
     }
 
-    /// Answers a joining member: the membership as this member knows it.
+    /// Answers a joining member (whose credential the peer service checked): the membership
+    /// as this member knows it.
     pub(crate) fn serve_join(&self, req: JoinRequest) -> JoinResponse {
         let m = self.raft.metrics();
         let m = m.borrow();
@@ -562,6 +626,7 @@ impl Inner {
 pub(crate) async fn join_existing(
     data_dir: &Path,
     config: &NodeConfig,
+    token: &str,
     listed_peer_urls: Vec<String>,
 ) -> Result<MemberMeta, StartError> {
     let own = normalize(&config.peer_urls);
@@ -571,6 +636,7 @@ pub(crate) async fn join_existing(
         .collect();
     let request = wire::encode(&JoinRequest {
         peer_urls: config.peer_urls.clone(),
+        credential: JoinCredential::of_token(token),
     })
     .map_err(|e| StartError::Raft(e.to_string()))?;
     // Every listed member is asked in each round, and an answer that lists this member wins:
@@ -588,6 +654,7 @@ pub(crate) async fn join_existing(
     let (cluster_id, (id, member)) = 'found: loop {
         let mut errors = Vec::new();
         let mut answered_without_me = 0;
+        let mut refused = 0;
         for url in &others {
             match crate::network::ask_members(url, request.clone(), Duration::from_secs(2)).await {
                 Ok((cluster_id, payload)) => match wire::decode::<JoinResponse>(&payload) {
@@ -600,12 +667,20 @@ pub(crate) async fn join_existing(
                     },
                     Err(e) => errors.push(format!("{url}: {e}")),
                 },
-                Err(e) => errors.push(format!("{url}: {e}")),
+                Err(AskError::Refused(e)) => {
+                    refused += 1;
+                    errors.push(format!("{url}: {e}"));
+                }
+                Err(AskError::Failed(e)) => errors.push(format!("{url}: {e}")),
             }
         }
         let out_of_time = Instant::now() >= deadline || others.is_empty();
         if answered_without_me > 0 && (answered_without_me == others.len() || out_of_time) {
             return Err(JoinError::NotAMember(config.peer_urls.clone()).into());
+        }
+        // Every member refused: no later round will go differently.
+        if refused > 0 && refused == others.len() {
+            return Err(JoinError::TokenRefused(errors.join("; ")).into());
         }
         if out_of_time {
             return Err(JoinError::NoPeerAnswered(errors.join("; ")).into());
@@ -673,6 +748,25 @@ mod tests {
         assert!(!valid_peer_url("http://127.0.0.1:2380/path"));
         assert!(!valid_peer_url("unix://sock:1"));
         assert!(!valid_peer_url("http://:2380"));
+    }
+
+    #[test]
+    fn the_join_credential_is_a_digest_of_the_token() {
+        let a = JoinCredential::of_token("cluster-a");
+        assert!(a.matches(&JoinCredential::of_token("cluster-a")));
+        assert!(!a.matches(&JoinCredential::of_token("cluster-b")));
+        assert!(!a.matches(&JoinCredential::of_token("")));
+        // The token does not appear in what the joiner sends, nor in logs.
+        let bytes = wire::encode(&JoinRequest {
+            peer_urls: vec!["http://127.0.0.1:2380".into()],
+            credential: a,
+        })
+        .unwrap();
+        assert!(!bytes.windows(9).any(|w| w == b"cluster-a"));
+        assert_eq!(format!("{a:?}"), "JoinCredential(..)");
+        // A request in the format before credentials (URLs only) does not decode: refused.
+        let old = wire::encode(&vec!["http://127.0.0.1:2380".to_string()]).unwrap();
+        assert!(wire::decode::<JoinRequest>(&old).is_err());
     }
 
     #[test]

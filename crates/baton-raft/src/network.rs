@@ -386,6 +386,16 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     }
 }
 
+/// Why [`ask_members`] got no membership.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AskError {
+    /// The member refused to answer (PermissionDenied: the join credential is not the
+    /// cluster's).
+    Refused(String),
+    /// No answer (unreachable, timed out, bad URL, another error).
+    Failed(String),
+}
+
 /// Asks the member at `url` for the cluster's membership on behalf of a member that joins
 /// with an empty data directory and knows neither the cluster id nor its own member id yet
 /// (the envelope carries zeros for both; the answer's envelope names the cluster).
@@ -393,13 +403,16 @@ pub(crate) async fn ask_members(
     url: &str,
     payload: Vec<u8>,
     timeout: Duration,
-) -> Result<(u64, Vec<u8>), String> {
+) -> Result<(u64, Vec<u8>), AskError> {
     let endpoint = Endpoint::from_shared(url.to_string())
-        .map_err(|e| format!("bad peer URL {url}: {e}"))?
+        .map_err(|e| AskError::Failed(format!("bad peer URL {url}: {e}")))?
         .connect_timeout(CONNECT_TIMEOUT)
         .timeout(timeout);
     let call = async {
-        let ch = endpoint.connect().await.map_err(|e| e.to_string())?;
+        let ch = endpoint
+            .connect()
+            .await
+            .map_err(|e| AskError::Failed(e.to_string()))?;
         let mut client = RaftClient::new(ch)
             .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES + 4096)
             .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES + 4096);
@@ -412,11 +425,14 @@ pub(crate) async fn ask_members(
         let resp = client
             .members(msg)
             .await
-            .map_err(|s| s.message().to_string())?
+            .map_err(|s| match s.code() {
+                tonic::Code::PermissionDenied => AskError::Refused(s.message().to_string()),
+                _ => AskError::Failed(s.message().to_string()),
+            })?
             .into_inner();
         Ok((resp.cluster_id, resp.payload))
     };
     tokio::time::timeout(timeout, call)
         .await
-        .map_err(|_| format!("no answer within {timeout:?}"))?
+        .map_err(|_| AskError::Failed(format!("no answer within {timeout:?}")))?
 }

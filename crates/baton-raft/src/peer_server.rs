@@ -5,6 +5,25 @@
 //! handlers) and encodes the result, errors included: openraft's and the replica's errors
 //! travel inside a successful gRPC response, so a gRPC error always means the transport or
 //! the envelope failed.
+//!
+//! # What a peer may ask
+//! Until peer TLS (a later issue) a message's `from` is only a claim, so the checks here
+//! bound what a false claim can do (issue 14), and each refusal is counted in
+//! `baton_peer_refused_total{reason}`:
+//! - no message may claim to come from its receiver (no member ever sends itself one);
+//! - `Forward`/`ForwardBatch` come only from a member in the receiver's membership;
+//! - a forwarded `Propose` carries only a command a client may cause ([`crate::origin`]):
+//!   lease expiry, checkpoints and blank entries are the leader's own duties, whoever asks;
+//!   a batch with one such item is refused whole, before any item is served (a real member
+//!   never forwards one: `Node::propose` refuses it first);
+//! - a forwarded `Publish` names its sender (a member publishes only its own attributes);
+//! - `Members` answers only a request with the cluster token's credential.
+//!
+//! So a forged forwarded request can do at most what a client of the receiver could. What
+//! these checks cannot bound is openraft's own messages: a forged `AppendEntries` or
+//! `InstallSnapshot` with a higher term is a leader as far as Raft knows. Only peer TLS
+//! closes that, by letting [`PeerService::open`] check the claimed `from` against the
+//! connection's identity.
 
 use std::net::SocketAddr;
 use std::sync::Weak;
@@ -16,7 +35,8 @@ use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use tonic::{Request, Response, Status};
 
 use crate::env::{PeerIncoming, PeerTransport};
-use crate::membership::{JoinRequest, REMOVED_MESSAGE};
+use crate::membership::{JoinCredential, JoinRequest, SenderStanding, REMOVED_MESSAGE};
+use crate::origin::{self, LeaderDuty};
 use crate::types::{Raft, TypeConfig};
 use crate::wire::{self, LeaderRequest, LeaderResponse, MAX_PEER_MESSAGE_BYTES};
 use crate::{Inner, ProposeError, StartError};
@@ -29,15 +49,96 @@ const MAX_CONCURRENT_STREAMS: u32 = 1024;
 pub(crate) struct PeerService {
     pub(crate) cluster_id: u64,
     pub(crate) me: u64,
+    /// What a joiner must show to be told the membership (`Members`): the credential of
+    /// this member's `--initial-cluster-token`. `None` (no cluster flags): nobody is told.
+    pub(crate) join_credential: Option<JoinCredential>,
     pub(crate) raft: Raft,
     /// Weak: the server task must not keep a replica alive that was dropped without
     /// `shutdown`.
     pub(crate) node: Weak<Inner>,
 }
 
+/// Why the peer service refused a message before acting on it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum Refusal {
+    /// The sender claims the receiver's own id: no member sends itself a message.
+    #[error("baton: peer message claims to come from its receiver {0:x}")]
+    FromReceiver(u64),
+    /// The leader does not know the sender: it was removed (or never added). The message
+    /// is etcd's, and tells a removed member to stop (`network`).
+    #[error("{}", REMOVED_MESSAGE)]
+    Removed(u64),
+    /// A follower does not know the sender (yet: a lagging follower may not have applied
+    /// a MemberAdd). Sent as "wrong peer", so a real member retries elsewhere.
+    #[error("baton: sender {0:x} is not in this member's membership")]
+    UnknownSender(u64),
+    /// A forwarded proposal of a command only the leader's own duties propose.
+    #[error("baton: a forwarded {0} is refused: only the leader itself proposes it")]
+    LeaderOnly(LeaderDuty),
+    /// A forwarded `Publish` of another member's attributes.
+    #[error("baton: member {from:x} may publish only its own attributes, not {id:x}'s")]
+    PublishForAnother { from: u64, id: u64 },
+    /// `Members` without the cluster token's credential (or with an undecodable request).
+    #[error("baton: Members answers only a joiner given the cluster's --initial-cluster-token")]
+    NoClusterToken,
+}
+
+impl Refusal {
+    /// The `reason` label of `baton_peer_refused_total`.
+    pub(crate) fn reason(&self) -> &'static str {
+        match self {
+            Refusal::FromReceiver(_) => "from_receiver",
+            Refusal::Removed(_) | Refusal::UnknownSender(_) => "not_a_member",
+            Refusal::LeaderOnly(_) => "leader_only_command",
+            Refusal::PublishForAnother { .. } => "publish_for_another",
+            Refusal::NoClusterToken => "no_cluster_token",
+        }
+    }
+
+    /// Counts the refusal and makes the sender's status. PermissionDenied, except
+    /// `UnknownSender`: FailedPrecondition means "not delivered: wrong peer" to a sender
+    /// (`network`), which then retries with whoever leads.
+    fn into_status(self) -> Status {
+        metrics::counter!("baton_peer_refused_total", "reason" => self.reason()).increment(1);
+        // Debug, not warn: the sender decides how often this happens; the counter is the
+        // operator's signal.
+        tracing::debug!(refusal = %self, "peer message refused");
+        match self {
+            Refusal::UnknownSender(_) => Status::failed_precondition(self.to_string()),
+            Refusal::FromReceiver(_)
+            | Refusal::Removed(_)
+            | Refusal::LeaderOnly(_)
+            | Refusal::PublishForAnother { .. }
+            | Refusal::NoClusterToken => Status::permission_denied(self.to_string()),
+        }
+    }
+}
+
+/// What a member may forward on `from`'s behalf (see the module docs): the check of one
+/// forwarded request's content, apart from who sent it.
+pub(crate) fn check_forwarded(from: u64, req: &LeaderRequest) -> Result<(), Refusal> {
+    match req {
+        LeaderRequest::Propose(command) => {
+            origin::client_may_propose(command).map_err(Refusal::LeaderOnly)
+        }
+        LeaderRequest::Publish { id, .. } if *id != from => {
+            Err(Refusal::PublishForAnother { from, id: *id })
+        }
+        LeaderRequest::Publish { .. }
+        | LeaderRequest::ReadIndex
+        | LeaderRequest::KeepAlive(_)
+        | LeaderRequest::TimeToLive(_)
+        | LeaderRequest::GrantCheck(_)
+        | LeaderRequest::ChangeMembers(_) => Ok(()),
+    }
+}
+
 impl PeerService {
     /// Checks the envelope; returns the sender and the payload.
     fn open(&self, req: Request<PeerMessage>) -> Result<(u64, Vec<u8>), Status> {
+        // Peer TLS (a later issue) goes here: the connection's identity (`req`'s peer
+        // certificates) must name `msg.from`. Until then `from` is taken at its word, and
+        // the checks after this one bound what a false word can do.
         let msg = req.into_inner();
         if msg.cluster_id != self.cluster_id || msg.to != self.me {
             // FailedPrecondition tells the sender "not delivered: wrong peer".
@@ -45,6 +146,9 @@ impl PeerService {
                 "baton: peer message for cluster {:x} member {:x} reached cluster {:x} member {:x}",
                 msg.cluster_id, msg.to, self.cluster_id, self.me
             )));
+        }
+        if msg.from == self.me {
+            return Err(Refusal::FromReceiver(msg.from).into_status());
         }
         Ok((msg.from, msg.payload))
     }
@@ -82,7 +186,13 @@ impl RaftService for PeerService {
 
     async fn vote(&self, request: Request<PeerMessage>) -> Result<Response<PeerMessage>, Status> {
         let (from, payload) = self.open(request)?;
-        self.refuse_removed(from)?;
+        // Only "removed" refuses a vote: a lagging follower must still hear a candidate it
+        // does not know yet.
+        if let Some(inner) = self.node.upgrade() {
+            if inner.sender_standing(from) == SenderStanding::Removed {
+                return Err(Refusal::Removed(from).into_status());
+            }
+        }
         let rpc: VoteRequest<u64> = decode(&payload)?;
         let res = self.raft.vote(rpc).await;
         self.reply(from, &res)
@@ -103,11 +213,12 @@ impl RaftService for PeerService {
         request: Request<PeerMessage>,
     ) -> Result<Response<PeerMessage>, Status> {
         let (from, payload) = self.open(request)?;
-        self.refuse_removed(from)?;
-        let req: LeaderRequest = decode(&payload)?;
         let Some(inner) = self.node.upgrade() else {
             return Err(Status::unavailable("baton: member is shutting down"));
         };
+        check_member(&inner, from)?;
+        let req: LeaderRequest = decode(&payload)?;
+        check_forwarded(from, &req).map_err(Refusal::into_status)?;
         let resp = inner.serve_leader_request(req).await;
         self.reply(from, &resp)
     }
@@ -117,11 +228,15 @@ impl RaftService for PeerService {
         request: Request<PeerMessage>,
     ) -> Result<Response<PeerMessage>, Status> {
         let (from, payload) = self.open(request)?;
-        self.refuse_removed(from)?;
-        let reqs: Vec<LeaderRequest> = decode(&payload)?;
         let Some(inner) = self.node.upgrade() else {
             return Err(Status::unavailable("baton: member is shutting down"));
         };
+        check_member(&inner, from)?;
+        let reqs: Vec<LeaderRequest> = decode(&payload)?;
+        // Every item before any is served: a batch with a forged item is forged whole.
+        for req in &reqs {
+            check_forwarded(from, req).map_err(Refusal::into_status)?;
+        }
         let resps = inner.serve_leader_batch(reqs).await;
         // Each answer on its own, so one too large for a peer message fails alone (as it
         // would in a `Forward` of its own) instead of taking the batch's answers with it. The
@@ -154,10 +269,17 @@ impl RaftService for PeerService {
         &self,
         request: Request<PeerMessage>,
     ) -> Result<Response<PeerMessage>, Status> {
-        // The joiner knows neither the cluster id nor its id: no envelope check; what it gets
-        // is the membership, which every member shows its clients anyway.
+        // The joiner knows neither the cluster id nor its id: no envelope check. It shows
+        // the credential of the token it was given instead; anyone else learns neither the
+        // ids nor the peer URLs a forger would need (an undecodable request shows none).
         let msg = request.into_inner();
-        let req: JoinRequest = decode(&msg.payload)?;
+        let req = decode::<JoinRequest>(&msg.payload)
+            .ok()
+            .filter(|req| {
+                self.join_credential
+                    .is_some_and(|mine| mine.matches(&req.credential))
+            })
+            .ok_or_else(|| Refusal::NoClusterToken.into_status())?;
         let Some(inner) = self.node.upgrade() else {
             return Err(Status::unavailable("baton: member is shutting down"));
         };
@@ -179,20 +301,15 @@ impl RaftService for PeerService {
     }
 }
 
-impl PeerService {
-    /// A leader refuses votes and forwarded requests from members that are not in its
-    /// membership, telling them they were removed (etcd answers a removed member's messages
-    /// with "the member has been permanently removed from the cluster"). Only the leader
-    /// decides: it holds every configuration ever proposed, while a lagging follower may not
-    /// yet know a member that was just added.
-    fn refuse_removed(&self, from: u64) -> Result<(), Status> {
-        let Some(inner) = self.node.upgrade() else {
-            return Ok(());
-        };
-        if inner.sender_was_removed(from) {
-            return Err(Status::permission_denied(REMOVED_MESSAGE));
-        }
-        Ok(())
+/// Requests are forwarded only by members: the leader tells a non-member it was removed
+/// (etcd answers a removed member's messages with "the member has been permanently removed
+/// from the cluster"); a follower that does not know the sender refuses it as the wrong
+/// peer, which a real member (just added, ahead of this follower) retries with the leader.
+fn check_member(inner: &Inner, from: u64) -> Result<(), Status> {
+    match inner.sender_standing(from) {
+        SenderStanding::Member => Ok(()),
+        SenderStanding::Removed => Err(Refusal::Removed(from).into_status()),
+        SenderStanding::Unknown => Err(Refusal::UnknownSender(from).into_status()),
     }
 }
 
@@ -264,4 +381,89 @@ pub(crate) fn spawn(
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use baton_core::{Command, LeaseId, PutRequest};
+
+    use crate::types::Member;
+
+    #[test]
+    fn forwarded_requests_are_checked_by_content() {
+        let put = Command::Put(PutRequest {
+            key: b"k".to_vec(),
+            ..Default::default()
+        });
+        assert_eq!(check_forwarded(2, &LeaderRequest::Propose(put)), Ok(()));
+        let expiry = LeaderRequest::Propose(Command::ExpireLeases {
+            ids: vec![LeaseId(7)],
+        });
+        assert_eq!(
+            check_forwarded(2, &expiry),
+            Err(Refusal::LeaderOnly(LeaderDuty::ExpireLeases))
+        );
+        let publish = |id| LeaderRequest::Publish {
+            id,
+            member: Member::default(),
+        };
+        assert_eq!(check_forwarded(2, &publish(2)), Ok(()));
+        assert_eq!(
+            check_forwarded(2, &publish(3)),
+            Err(Refusal::PublishForAnother { from: 2, id: 3 })
+        );
+        for req in [
+            LeaderRequest::ReadIndex,
+            LeaderRequest::KeepAlive(LeaseId(1)),
+            LeaderRequest::TimeToLive(LeaseId(1)),
+            LeaderRequest::GrantCheck(LeaseId(1)),
+        ] {
+            assert_eq!(check_forwarded(2, &req), Ok(()), "{req:?}");
+        }
+    }
+
+    #[test]
+    fn refusals_have_their_status_and_label() {
+        let cases = [
+            (
+                Refusal::FromReceiver(1),
+                tonic::Code::PermissionDenied,
+                "from_receiver",
+            ),
+            (
+                Refusal::Removed(1),
+                tonic::Code::PermissionDenied,
+                "not_a_member",
+            ),
+            (
+                Refusal::UnknownSender(1),
+                tonic::Code::FailedPrecondition,
+                "not_a_member",
+            ),
+            (
+                Refusal::LeaderOnly(LeaderDuty::LeaseCheckpoint),
+                tonic::Code::PermissionDenied,
+                "leader_only_command",
+            ),
+            (
+                Refusal::PublishForAnother { from: 1, id: 2 },
+                tonic::Code::PermissionDenied,
+                "publish_for_another",
+            ),
+            (
+                Refusal::NoClusterToken,
+                tonic::Code::PermissionDenied,
+                "no_cluster_token",
+            ),
+        ];
+        for (refusal, code, reason) in cases {
+            assert_eq!(refusal.reason(), reason);
+            let message = refusal.to_string();
+            let status = refusal.into_status();
+            assert_eq!((status.code(), status.message()), (code, message.as_str()));
+        }
+        // A removed member recognizes its refusal by etcd's exact words (`network`).
+        assert_eq!(Refusal::Removed(1).to_string(), REMOVED_MESSAGE);
+    }
 }

@@ -71,7 +71,9 @@ pub(crate) fn encode_concatenated<'a>(
     out
 }
 
-/// A request only the leader can serve, forwarded by a follower.
+/// A request only the leader can serve, forwarded by a follower. The peer service checks
+/// each one's content before serving it (`peer_server::check_forwarded`, an exhaustive
+/// `match`: a new variant must say what a peer may send in it).
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) enum LeaderRequest {
     /// Replicate and apply a command (through the leader's proposer, batched with its own).

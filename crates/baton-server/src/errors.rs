@@ -128,6 +128,9 @@ pub fn propose_status(err: &ProposeError) -> Status {
         ProposeError::TooManyRequests => {
             Status::resource_exhausted("etcdserver: too many requests")
         }
+        // No client request converts to a leader-only command: reaching this is a bug in
+        // this server, not the client's doing.
+        ProposeError::LeaderOnly(_) => Status::internal(err.to_string()),
     }
 }
 
@@ -189,6 +192,7 @@ pub fn not_supported(what: &str) -> Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use baton_raft::LeaderDuty;
 
     #[test]
     fn membership_and_transfer_errors_are_etcds() {
@@ -274,6 +278,12 @@ mod tests {
             "etcdserver: mvcc: required revision is a future revision"
         );
         assert_eq!(propose_status(&ProposeError::NoLeader).message(), NO_LEADER);
+        let s = propose_status(&ProposeError::LeaderOnly(LeaderDuty::ExpireLeases));
+        assert_eq!(s.code(), Code::Internal);
+        assert_eq!(
+            s.message(),
+            "baton: ExpireLeases is proposed only by the leader itself, never on request"
+        );
         let s = kv_status(&KvError::NotHolder);
         assert_eq!(s.code(), Code::FailedPrecondition);
         assert_eq!(s.message(), "baton: not the holder");

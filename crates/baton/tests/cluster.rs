@@ -3,7 +3,7 @@
 //! keep-alives and TimeToLive to the leader and get read indexes from it), watches see
 //! writes made through other members, kill -9 of the leader elects a new one quickly, and a
 //! killed member restarted with its data directory catches up (by snapshot if the log it
-//! missed was purged).
+//! missed was purged). Forged peer messages (issue 14) are refused and change nothing.
 
 mod common;
 
@@ -316,4 +316,166 @@ async fn leader_kill9_fails_over_and_the_member_catches_up() {
         median <= Duration::from_millis(1500),
         "median failover {median:?} (target ≤ 1 s)"
     );
+}
+
+/// Issue 14: anyone who can reach a peer port learns the cluster and member ids from the
+/// client API (response headers, `MemberList`) and could forge `Forward` calls. The leader
+/// refuses a forwarded lease expiry whoever it claims to come from, and any forwarded request
+/// claiming to come from the leader itself or from a non-member; nothing changes, and each
+/// refusal is counted in `baton_peer_refused_total`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_peer_messages_are_refused() {
+    use baton_core::{Command, LeaseId, PutRequest, Term};
+    use common::peer::{self, LeaderRequest, Method};
+
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path(), 3, &[]);
+    let eps = endpoints(&cluster);
+    let leader = common::agreed_leader(&eps, Duration::from_secs(10)).await;
+    let follower = (leader + 1) % 3;
+    let status = common::member_status(&common::lazy_channel(&eps[leader]))
+        .await
+        .expect("the leader answers Status");
+    let leader_id = status.member_id;
+
+    // What a stranger learns from any member's client port (once the follower has applied
+    // the initial membership).
+    let mut c = client(&eps[follower]).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let list = loop {
+        let list = c.member_list().await.unwrap();
+        if list.members().len() == 3 || Instant::now() > deadline {
+            break list;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let cluster_id = list.header().unwrap().cluster_id();
+    let follower_ids: Vec<u64> = list
+        .members()
+        .iter()
+        .map(|m| m.id())
+        .filter(|id| *id != leader_id)
+        .collect();
+    assert_eq!(follower_ids.len(), 2, "{:?}", list.members());
+    let lease = c.lease_grant(600, None).await.unwrap().id();
+    c.put(
+        "guard/owned",
+        "v",
+        Some(etcd_client::PutOptions::new().with_lease(lease)),
+    )
+    .await
+    .unwrap();
+
+    let port = cluster.members[leader].peer_port;
+    let forward = |from: u64, req: &LeaderRequest| {
+        peer::call(
+            port,
+            Method::Forward,
+            (cluster_id, from, leader_id),
+            peer::encode(req),
+        )
+    };
+    // The forgery is well-formed: a harmless request with a member's id is served.
+    forward(follower_ids[0], &LeaderRequest::ReadIndex)
+        .await
+        .expect("a forwarded ReadIndex is served");
+
+    let put = LeaderRequest::Propose(Command::Put(PutRequest {
+        key: b"guard/forged".to_vec(),
+        value: b"x".to_vec(),
+        ..Default::default()
+    }));
+    let expire = Command::ExpireLeases {
+        ids: vec![LeaseId(lease)],
+    };
+    let expire_in_term = Command::ExpireLeasesInTerm {
+        term: Term(status.raft_term),
+        ids: vec![LeaseId(lease)],
+    };
+    let refused = |r: Result<_, tonic::Status>, what: &str, message: &str| {
+        let e = r.expect_err(what);
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{what}: {e:?}");
+        assert!(e.message().contains(message), "{what}: {e:?}");
+    };
+    // The receiver's own id: a Put and an expiry.
+    refused(
+        forward(leader_id, &put).await,
+        "Put from the leader's own id",
+        "claims to come from its receiver",
+    );
+    refused(
+        forward(leader_id, &LeaderRequest::Propose(expire.clone())).await,
+        "expiry from the leader's own id",
+        "claims to come from its receiver",
+    );
+    // A real member's id: the leader's duties are refused, alone, wrapped or batched.
+    for (from, command) in [
+        (follower_ids[0], expire.clone()),
+        (follower_ids[1], expire_in_term),
+        (
+            follower_ids[1],
+            Command::Deduplicated {
+                client_id: 1,
+                sequence: 1,
+                acknowledged_below: 0,
+                command: Box::new(expire.clone()),
+            },
+        ),
+        (
+            follower_ids[0],
+            Command::LeaseCheckpoint {
+                checkpoints: vec![(LeaseId(lease), 1)],
+            },
+        ),
+    ] {
+        refused(
+            forward(from, &LeaderRequest::Propose(command)).await,
+            "a forwarded leader duty",
+            "only the leader itself proposes it",
+        );
+    }
+    let batch = peer::encode(&vec![
+        LeaderRequest::ReadIndex,
+        LeaderRequest::Propose(expire.clone()),
+    ]);
+    refused(
+        peer::call(
+            port,
+            Method::ForwardBatch,
+            (cluster_id, follower_ids[0], leader_id),
+            batch,
+        )
+        .await,
+        "a batch with an expiry",
+        "only the leader itself proposes it",
+    );
+    // An id that is no member's.
+    refused(
+        forward(0x5eed, &put).await,
+        "Put from a non-member",
+        "permanently removed",
+    );
+
+    // Nothing changed: give a wrongly applied expiry time to show on every member.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for ep in &eps {
+        let mut c = client(ep).await;
+        let serializable = Some(GetOptions::new().with_serializable());
+        let forged = c.get("guard/forged", serializable.clone()).await.unwrap();
+        assert!(forged.kvs().is_empty(), "{ep}: {:?}", forged.kvs());
+        let owned = c.get("guard/owned", serializable).await.unwrap();
+        assert_eq!(owned.kvs().len(), 1, "{ep}: the leased key is gone");
+    }
+    let ttl = c.lease_time_to_live(lease, None).await.unwrap().ttl();
+    assert!((590..=600).contains(&ttl), "lease TTL {ttl}");
+
+    let metrics = cluster.members[leader].metrics_port;
+    for (reason, n) in [
+        ("from_receiver", 2.0),
+        ("leader_only_command", 5.0),
+        ("not_a_member", 1.0),
+    ] {
+        let sample = format!("baton_peer_refused_total{{reason=\"{reason}\"}}");
+        assert_eq!(common::metric(metrics, &sample).await, Some(n), "{sample}");
+    }
 }

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::Baton;
+use common::{http_get, Baton};
 use etcd_client::{
     Client, Compare, CompareOp, DeleteOptions, Error, EventType, GetOptions, LeaseGrantOptions,
     LeaseTimeToLiveOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
@@ -630,18 +630,6 @@ async fn headers_are_consistent() {
     assert_eq!(s.raft_term(), ph.raft_term());
     assert!(s.raft_index() >= s.raft_applied_index());
     assert_eq!(sh.revision(), 2);
-}
-
-/// A plain HTTP/1.0 GET over loopback (no HTTP client dependency needed for two endpoints).
-fn http_get(port: u16, path: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).unwrap();
-    let code = buf[9..12].parse().unwrap();
-    let body = buf.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
-    (code, body)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

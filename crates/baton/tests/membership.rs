@@ -840,8 +840,11 @@ async fn baton_member_commands_and_move_leader() {
     assert_eq!(now, target_id);
 }
 
+/// A joiner is refused when it was never added, when it was bootstrapped before, and when
+/// it does not know the cluster token (issue 14: `Members` told anyone the member ids and
+/// peer URLs a forger needs); the refusals without the token are counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn joining_without_member_add_is_refused() {
+async fn joining_without_member_add_or_the_token_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = Cluster::start(dir.path(), 3, &[]);
     let eps: Vec<String> = cluster.members.iter().map(|m| m.endpoint()).collect();
@@ -850,7 +853,7 @@ async fn joining_without_member_add_is_refused() {
     let token = token(&cluster);
     let initial = cluster.members[0].extra_args[3].clone();
 
-    let run = |name: &str, peer_port: u16, initial: String| {
+    let run = |name: &str, peer_port: u16, initial: String, token: &str| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_baton"))
             .args([
                 "serve",
@@ -869,7 +872,7 @@ async fn joining_without_member_add_is_refused() {
                 "--initial-cluster-state",
                 "existing",
                 "--initial-cluster-token",
-                &token,
+                token,
             ])
             .output()
             .unwrap();
@@ -878,13 +881,60 @@ async fn joining_without_member_add_is_refused() {
     };
     // Never added: no member has its peer URLs.
     let port = free_port_below_ephemeral();
-    let err = run("m9", port, format!("{initial},m9=http://127.0.0.1:{port}"));
+    let err = run(
+        "m9",
+        port,
+        format!("{initial},m9=http://127.0.0.1:{port}"),
+        &token,
+    );
     assert!(
         err.contains("the cluster has no member with peer URLs"),
         "{err}"
     );
     // An existing member that lost its data directory: it has been bootstrapped.
     // (It asks the others before binding its peer port, which m1 still holds.)
-    let err = run("m1", cluster.members[0].peer_port, initial.clone());
+    let err = run("m1", cluster.members[0].peer_port, initial.clone(), &token);
     assert!(err.contains("has already been bootstrapped"), "{err}");
+    // The wrong token: every member refuses to say anything, and the joiner stops at once.
+    let err = run("m1", cluster.members[0].peer_port, initial.clone(), "guess");
+    assert!(
+        err.contains("--initial-cluster-token: the listed members refused"),
+        "{err}"
+    );
+
+    // Raw `Members` calls to m1: without the token's credential (a guess, or the request
+    // format from before credentials) refused; with it, answered with the cluster id.
+    use common::peer::{self, JoinRequest, Method};
+    let m1 = &cluster.members[0];
+    let ask = |payload: Vec<u8>| peer::call(m1.peer_port, Method::Members, (0, 0, 0), payload);
+    let urls = vec![format!("http://127.0.0.1:{}", free_port_below_ephemeral())];
+    for payload in [
+        peer::encode(&JoinRequest {
+            peer_urls: urls.clone(),
+            credential: peer::join_credential("guess"),
+        }),
+        peer::encode(&urls),
+    ] {
+        let e = ask(payload).await.expect_err("Members without the token");
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+        assert!(e.message().contains("--initial-cluster-token"), "{e:?}");
+    }
+    let answer = ask(peer::encode(&JoinRequest {
+        peer_urls: urls,
+        credential: peer::join_credential(&token),
+    }))
+    .await
+    .expect("Members with the token");
+    let list = client(&eps[0]).await.member_list().await.unwrap();
+    assert_eq!(answer.cluster_id, list.header().unwrap().cluster_id());
+    // The wrong-token joiner (with m1's URLs) asked m2 and m3 once each; m1 got the two raw
+    // calls.
+    for (m, n) in [(0, 2.0), (1, 1.0), (2, 1.0)] {
+        let refused = common::metric(
+            cluster.members[m].metrics_port,
+            r#"baton_peer_refused_total{reason="no_cluster_token"}"#,
+        )
+        .await;
+        assert_eq!(refused, Some(n), "member {}", cluster.names[m]);
+    }
 }

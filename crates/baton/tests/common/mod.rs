@@ -862,3 +862,88 @@ pub fn http_get(port: u16, path: &str) -> (u16, String) {
     let body = buf.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
     (code, body)
 }
+
+/// The value of one Prometheus sample (`name{labels}` exactly as rendered) on a member's
+/// `/metrics`; `None` if it is not there (a counter appears once first incremented).
+pub async fn metric(metrics_port: u16, sample: &str) -> Option<f64> {
+    let (code, body) = tokio::task::spawn_blocking(move || http_get(metrics_port, "/metrics"))
+        .await
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+    let prefix = format!("{sample} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(|v| v.trim().parse().unwrap())
+}
+
+/// Raw calls to a member's peer service (`baton.raft.v1.Raft`), as a forger who knows the
+/// (public) wire format would make them: bincode payloads built from mirrors of Baton's
+/// private request types, in a `PeerMessage` envelope with whatever ids it likes.
+pub mod peer {
+    use baton_proto::baton::raft::v1::raft_client::RaftClient;
+    use baton_proto::baton::raft::v1::PeerMessage;
+    use bincode::Options;
+
+    /// baton-raft's `wire` options (fixint), as every member encodes.
+    pub fn encode<T: serde::Serialize>(value: &T) -> Vec<u8> {
+        bincode::DefaultOptions::new()
+            .with_fixint_encoding()
+            .serialize(value)
+            .unwrap()
+    }
+
+    /// Mirror of baton-raft's `LeaderRequest` up to the variants used here (bincode encodes
+    /// a variant by its position, so the order matters and is the real enum's).
+    #[derive(serde::Serialize)]
+    pub enum LeaderRequest {
+        Propose(baton_core::Command),
+        ReadIndex,
+    }
+
+    /// Mirror of baton-raft's `JoinRequest`.
+    #[derive(serde::Serialize)]
+    pub struct JoinRequest {
+        pub peer_urls: Vec<String>,
+        pub credential: [u8; 32],
+    }
+
+    /// What a joiner given `token` shows (`membership::JoinCredential`).
+    pub fn join_credential(token: &str) -> [u8; 32] {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        h.update(b"baton-join-credential-v1\0");
+        h.update(token.as_bytes());
+        h.finalize().into()
+    }
+
+    #[derive(Clone, Copy, Debug)]
+    pub enum Method {
+        Forward,
+        ForwardBatch,
+        Members,
+    }
+
+    /// One call to the peer service on `127.0.0.1:peer_port`.
+    pub async fn call(
+        peer_port: u16,
+        method: Method,
+        envelope: (u64, u64, u64),
+        payload: Vec<u8>,
+    ) -> Result<PeerMessage, tonic::Status> {
+        let ch = super::channel(&format!("127.0.0.1:{peer_port}")).await;
+        let mut c = RaftClient::new(ch);
+        let (cluster_id, from, to) = envelope;
+        let msg = PeerMessage {
+            cluster_id,
+            from,
+            to,
+            payload,
+        };
+        let d = std::time::Duration::from_secs(10);
+        match method {
+            Method::Forward => super::within(d, c.forward(msg)).await,
+            Method::ForwardBatch => super::within(d, c.forward_batch(msg)).await,
+            Method::Members => super::within(d, c.members(msg)).await,
+        }
+    }
+}
