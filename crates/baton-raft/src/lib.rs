@@ -34,6 +34,7 @@
 
 mod cluster;
 mod deletions;
+mod election;
 mod env;
 mod files;
 mod forward;
@@ -596,6 +597,8 @@ impl Node {
             // batches of up to hundreds of commands, so 100 entries is already a lot of log.
             max_in_snapshot_log_to_keep: (config.snapshot_every_entries / 2).min(100),
             snapshot_max_chunk_size: wire::SNAPSHOT_CHUNK_BYTES,
+            // `election` is the election timer: openraft's has no pre-vote.
+            enable_elect: false,
             ..Default::default()
         }
         .validate()
@@ -684,10 +687,11 @@ impl Node {
         let lease_task = tokio::spawn(lease_loop(Arc::downgrade(&node.inner)));
         let publish_task = tokio::spawn(publish_loop(Arc::downgrade(&node.inner)));
         let removal_task = tokio::spawn(membership::removal_loop(Arc::downgrade(&node.inner)));
+        let election_task = election::spawn(&node.inner);
         node.inner
             .tasks
             .lock()
-            .extend([lease_task, publish_task, removal_task]);
+            .extend([lease_task, publish_task, removal_task, election_task]);
         Ok(node)
     }
 
@@ -1125,7 +1129,6 @@ impl Inner {
     /// elects itself) and have the lease clock ready before serving.
     async fn bootstrap(&self) -> Result<(), StartError> {
         let raft_err = |e: &dyn std::fmt::Display| StartError::Raft(e.to_string());
-        let mut initialized_now = false;
         if !self.raft.is_initialized().await.map_err(|e| raft_err(&e))? {
             let own = Member {
                 name: self.config.name.clone(),
@@ -1158,7 +1161,6 @@ impl Inner {
                     .initialize(members)
                     .await
                     .map_err(|e| raft_err(&e))?;
-                initialized_now = true;
             } else {
                 tracing::info!("waiting to be contacted by the cluster's leader");
             }
@@ -1180,10 +1182,9 @@ impl Inner {
         if voters != [self.member_id] {
             // openraft campaigns at once after `initialize`; members waiting to be contacted
             // (no voters yet) and restarted members do not wait for a leader here: their
-            // peers may not be up yet, and requests wait for a leader anyway.
-            if voters.contains(&self.member_id) && !initialized_now {
-                self.hold_elections_after_restart();
-            }
+            // peers may not be up yet, and requests wait for a leader anyway. A restarted
+            // member does not disturb a live leader: it campaigns only after a pre-vote
+            // (`election`).
             return Ok(());
         }
         // The sole voter need not wait an election timeout to notice nobody else leads.
@@ -1209,29 +1210,6 @@ impl Inner {
             }
         }
         Ok(())
-    }
-
-    /// A restarted voter of a multi-member cluster does not campaign for a while.
-    ///
-    /// openraft 0.9 has no pre-vote and treats a vote with no recorded update time (every
-    /// vote after a restart) as long expired, so a restarted member would campaign on its
-    /// first tick. Its log is usually behind, so it cannot win, but the higher term it
-    /// reaches the leader with (in the answer to the next AppendEntries) makes the leader
-    /// step down: every restart would cost the cluster an election. Holding elections for
-    /// a randomized `[0.8 T, T)` gives a live leader time to be heard (its heartbeats then
-    /// drive the usual election timer); if none is, the member campaigns afterwards (the
-    /// randomization spreads members of a cluster restarted as a whole).
-    fn hold_elections_after_restart(&self) {
-        let t = self.config.election_timeout;
-        let r: f64 = rand::Rng::gen(&mut *self.rng.lock());
-        let hold = t.mul_f64(r.mul_add(0.2, 0.8));
-        self.raft.runtime_config().elect(false);
-        let raft = self.raft.clone();
-        let task = tokio::spawn(async move {
-            tokio::time::sleep(hold).await;
-            raft.runtime_config().elect(true);
-        });
-        self.tasks.lock().push(task);
     }
 
     /// Proposes through this replica's own proposer (it must be the leader). The internal

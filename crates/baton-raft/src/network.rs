@@ -54,6 +54,7 @@ pub(crate) enum Method {
     Forward,
     ForwardBatch,
     TimeoutNow,
+    PreVote,
 }
 
 /// Why a call to a peer failed. What matters to callers is whether the request may have been
@@ -208,6 +209,7 @@ impl Peers {
                 Method::Forward => client.forward(msg).await,
                 Method::ForwardBatch => client.forward_batch(msg).await,
                 Method::TimeoutNow => client.timeout_now(msg).await,
+                Method::PreVote => client.pre_vote(msg).await,
             }
         };
         let resp = match tokio::time::timeout(timeout, call).await {

@@ -299,6 +299,24 @@ impl RaftService for PeerService {
         let resp = inner.serve_timeout_now(from, term).await;
         self.reply(from, &resp)
     }
+
+    async fn pre_vote(
+        &self,
+        request: Request<PeerMessage>,
+    ) -> Result<Response<PeerMessage>, Status> {
+        let (from, payload) = self.open(request)?;
+        let Some(inner) = self.node.upgrade() else {
+            return Err(Status::unavailable("baton: member is shutting down"));
+        };
+        // As for votes: only "removed" refuses; a lagging voter must still hear a member it
+        // does not know yet.
+        if inner.sender_standing(from) == SenderStanding::Removed {
+            return Err(Refusal::Removed(from).into_status());
+        }
+        let req: crate::election::PreVoteRequest = decode(&payload)?;
+        let resp = inner.serve_pre_vote(from, req).await;
+        self.reply(from, &resp)
+    }
 }
 
 /// Requests are forwarded only by members: the leader tells a non-member it was removed

@@ -9,15 +9,15 @@
 //! 1. closes its gate: new proposals, read indexes and membership changes on this member wait
 //!    (etcd drops proposals during a transfer), so the log stops growing and nothing but
 //!    replication renews the followers' leases;
-//! 2. stops heartbeats and its own elections;
+//! 2. stops heartbeats;
 //! 3. waits until the target's log matches its own (etcd: the transferee must be caught up);
 //! 4. waits one lease plus a heartbeat interval: every follower's lease has then expired,
 //!    while their election timers (`[0.65 T, 0.8 T)` after the last heartbeat) have not;
 //! 5. tells the target to campaign (`TimeoutNow` peer method → `trigger().elect()`); the
 //!    target has the longest log and the highest term and wins, and its first AppendEntries
 //!    makes the old leader step down;
-//! 6. waits until the target is the leader it knows, then re-enables heartbeats and
-//!    elections and opens the gate (also on failure: a transfer that times out leaves the
+//! 6. waits until the target is the leader it knows, then re-enables heartbeats and opens
+//!    the gate (also on failure: a transfer that times out leaves the
 //!    old leader leading).
 
 use std::collections::BTreeMap;
@@ -70,14 +70,13 @@ impl TransferGate {
     }
 }
 
-/// Re-opens the gate and restores heartbeats and elections however the transfer ends.
+/// Re-opens the gate and restores heartbeats however the transfer ends.
 struct Reopen<'a>(&'a Inner);
 
 impl Drop for Reopen<'_> {
     fn drop(&mut self) {
         let rc = self.0.raft.runtime_config();
         rc.heartbeat(true);
-        rc.elect(true);
         self.0.transfer.active.send_replace(false);
     }
 }
@@ -124,8 +123,9 @@ impl Node {
         }
         let _reopen = Reopen(inner);
         let rc = inner.raft.runtime_config();
+        // (The leader never campaigns: `election` skips a leader, and a transfer in
+        // progress, so stopping heartbeats is all.)
         rc.heartbeat(false);
-        rc.elect(false);
         // With the gate closed the leader's log stops growing, so the target catches up
         // even under a steady write load (the writes wait, as etcd drops them meanwhile).
         // etcd's raft gives a transfer one election timeout.

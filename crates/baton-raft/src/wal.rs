@@ -1136,6 +1136,12 @@ pub(crate) struct WalHandle {
 }
 
 impl WalHandle {
+    /// The id of the last entry in the log (appended, flushed or not): what a pre-vote
+    /// compares, as a vote does.
+    pub(crate) fn last_log_id(&self) -> Option<LogId> {
+        self.mem.read().last_log_id()
+    }
+
     /// Encoded bytes of the in-memory log after `index`.
     pub(crate) fn log_bytes_after(&self, index: Option<u64>) -> u64 {
         self.mem.read().bytes_after(index)

@@ -479,3 +479,69 @@ async fn forged_peer_messages_are_refused() {
         assert_eq!(common::metric(metrics, &sample).await, Some(n), "{sample}");
     }
 }
+
+/// Pre-vote (issue 14): a follower stopped for 3 s (SIGSTOP) and resumed has missed its
+/// leader for longer than any election timeout, but its peers still hear the leader, so its
+/// pre-vote fails and it never campaigns: no member's term changes, and the leader keeps
+/// leading. (Without pre-vote it campaigned at a higher term and the leader stepped down:
+/// term +2 and an election's write stall.) The same holds for a follower restarted with its
+/// data: it asks before campaigning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_or_restarted_follower_changes_no_term() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 3, &[]);
+    let eps = endpoints(&cluster);
+    let leader = common::agreed_leader(&eps, Duration::from_secs(10)).await;
+    let follower = (0..3).find(|i| *i != leader).unwrap();
+    let chans: Vec<_> = eps.iter().map(|e| common::lazy_channel(e)).collect();
+    let mut c = client(&eps[leader]).await;
+    c.put("before", "x", None).await.unwrap();
+    let terms = |statuses: &[Option<common::MemberStatus>]| -> Vec<u64> {
+        statuses
+            .iter()
+            .map(|s| s.map_or(0, |s| s.raft_term))
+            .collect()
+    };
+    let mut before = Vec::new();
+    for ch in &chans {
+        before.push(common::member_status(ch).await);
+    }
+    let term = before[leader].expect("the leader answers").raft_term;
+    assert!(terms(&before).iter().all(|t| *t == term), "{before:?}");
+
+    let pid = cluster.members[follower].child.as_ref().unwrap().id() as i32;
+    common::kill(pid, libc::SIGSTOP);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    common::kill(pid, libc::SIGCONT);
+    // Long enough for the resumed member's timer to fire and its pre-vote to be refused.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    c.put("after-pause", "x", None).await.unwrap();
+    let mut after = Vec::new();
+    for ch in &chans {
+        after.push(common::member_status(ch).await);
+    }
+    assert_eq!(
+        terms(&after),
+        vec![term; 3],
+        "a resumed follower changed a term: before {before:?}, after {after:?}"
+    );
+    assert!(after
+        .iter()
+        .all(|s| s.unwrap().leader == before[leader].unwrap().member_id));
+
+    // A restart with its data: same outcome.
+    cluster.members[follower].kill9();
+    cluster.members[follower].spawn();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    c.put("after-restart", "x", None).await.unwrap();
+    let mut restarted = Vec::new();
+    for ch in &chans {
+        restarted.push(common::member_status(ch).await);
+    }
+    assert_eq!(
+        terms(&restarted),
+        vec![term; 3],
+        "a restarted follower changed a term: {restarted:?}\n{}",
+        cluster.logs()
+    );
+}
