@@ -159,9 +159,16 @@ impl pb::lease_server::Lease for LeaseService {
                                     let renewal = renew(st.shared.clone(), req.id);
                                     st.pending.push_back(Box::pin(renewal));
                                 }
-                                // The client closed its side (or broke it): answer what
-                                // is pending, then end.
-                                _ => st.inbound = None,
+                                // Receiving failed (a message over the receive limit):
+                                // answer what is pending, then end with that error, as
+                                // etcd's handler returns it.
+                                Some(Err(status)) => {
+                                    st.pending.push_back(Box::pin(async { Err(status) }));
+                                    st.inbound = None;
+                                }
+                                // The client closed its side: answer what is pending, then
+                                // end.
+                                None => st.inbound = None,
                             }
                             continue;
                         }
