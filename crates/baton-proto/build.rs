@@ -37,9 +37,12 @@ fn main() -> Result<(), Box<dyn Error>> {
         compiler.encode_file_descriptor_set(),
     )?;
 
+    // `codec::Codec`: prost's, but a txn nested in a txn is decoded level by level (prost's
+    // recursion limit would refuse etcd's deepest txns).
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
+        .codec_path("crate::codec::Codec")
         .compile_fds(compiler.file_descriptor_set())?;
 
     Ok(())

@@ -1306,6 +1306,52 @@ mod tests {
         })
     }
 
+    /// etcd's deepest txn with a put at the bottom (one op a level, 128 in all) is
+    /// validated, applied, and written to and read from the log (bincode) like any other;
+    /// one level more runs out of op budget.
+    #[test]
+    fn a_txn_nested_128_deep_applies_and_round_trips_through_bincode() {
+        let nested = |levels: usize| {
+            let Command::Put(leaf) = put("deep", "v") else {
+                unreachable!()
+            };
+            let mut t = TxnRequest {
+                success: vec![RequestOp::Put(leaf)],
+                ..TxnRequest::default()
+            };
+            for _ in 1..levels {
+                t = TxnRequest {
+                    success: vec![RequestOp::Txn(t)],
+                    ..TxnRequest::default()
+                };
+            }
+            Command::Txn(t)
+        };
+        assert_eq!(
+            StateMachine::validate(&nested(129)),
+            Err(KvError::TooManyOps)
+        );
+        let cmd = nested(128);
+        StateMachine::validate(&cmd).unwrap();
+        let e = entry(1, cmd);
+        let bytes = bincode::serialize(&e).unwrap();
+        let back: Entry = bincode::deserialize(&bytes).unwrap();
+        assert_eq!(back, e);
+        let mut sm = StateMachine::new();
+        let applied = sm.apply(&back);
+        assert_eq!(applied.revision, Revision(2));
+        let Response::Txn(mut r) = applied.response else {
+            panic!("{:?}", applied.response)
+        };
+        let mut depth = 1;
+        while let Some(ResponseOp::Txn(inner)) = r.responses.pop() {
+            depth += 1;
+            r = inner;
+        }
+        assert_eq!(depth, 128);
+        assert_eq!(sm.key_count(), 1);
+    }
+
     #[test]
     fn empty_store_is_at_revision_one() {
         let sm = StateMachine::new();

@@ -23,6 +23,8 @@
 
 #![warn(missing_docs)]
 
+pub mod codec;
+
 /// etcd's MVCC storage types: `KeyValue` and watch `Event`s.
 #[allow(clippy::all, missing_docs)]
 pub mod mvccpb {

@@ -267,6 +267,9 @@ mod tests {
             s.message(),
             "etcdserver: too many operations in txn request"
         );
+        // The decoder's refusal of a txn nested too deep says what validation would.
+        assert_eq!(s.code(), Code::InvalidArgument);
+        assert_eq!(s.message(), baton_proto::codec::TOO_MANY_OPS);
         let s = kv_status(&KvError::DuplicateKey);
         assert_eq!(
             s.message(),

@@ -9,6 +9,10 @@ use crate::convert;
 use crate::errors::{kv_status, TOO_LARGE};
 use crate::Shared;
 
+// The decoder refuses txns nested deeper than this before they are built; etcd's deepest
+// (one op a level, the budget `MAX_TXN_OPS` shared down the levels) must get through it.
+const _: () = assert!(baton_proto::codec::MAX_TXN_LEVELS > baton_core::MAX_TXN_OPS + 1);
+
 /// The KV service.
 pub struct KvService {
     pub(crate) shared: Shared,

@@ -37,6 +37,8 @@ struct KeepAliveStream {
     inbound: Option<Streaming<pb::LeaseKeepAliveRequest>>,
     queued: VecDeque<i64>,
     pending: FuturesOrdered<Renewal>,
+    /// Why receiving failed, sent once everything before it is answered.
+    failure: Option<Status>,
     shared: Shared,
 }
 
@@ -160,6 +162,7 @@ impl pb::lease_server::Lease for LeaseService {
             inbound: Some(inbound),
             queued: VecDeque::new(),
             pending: FuturesOrdered::new(),
+            failure: None,
             shared: self.shared.clone(),
         };
         let stream = futures::stream::unfold(Some(state), |state| async move {
@@ -179,14 +182,22 @@ impl pb::lease_server::Lease for LeaseService {
                     req = next_request(&mut st.inbound), if may_read => {
                         match req {
                             Some(Ok(req)) => st.queued.push_back(req.id),
-                            // The client closed its side (or broke it): answer what is
-                            // queued and pending, then end.
-                            _ => st.inbound = None,
+                            // Receiving failed (a message over the receive limit):
+                            // answer what is queued and pending, then end with that
+                            // error, as etcd's handler returns it.
+                            Some(Err(status)) => {
+                                st.failure = Some(status);
+                                st.inbound = None;
+                            }
+                            // The client closed its side: answer what is queued and
+                            // pending, then end.
+                            None => st.inbound = None,
                         }
                         continue;
                     }
                     Some(reply) = st.pending.next(), if !st.pending.is_empty() => reply,
-                    else => return None,
+                    // Nothing left to read, queue or answer.
+                    else => return st.failure.take().map(|status| (Err(status), None)),
                 };
                 // An error ends the stream after it is sent.
                 let next = reply.is_ok().then_some(st);

@@ -24,6 +24,7 @@ pub mod lease;
 pub mod locks;
 pub mod maintenance;
 pub mod metrics_layer;
+pub mod recv_limit_layer;
 pub mod transport;
 pub mod v3lock;
 pub mod watch;
@@ -183,17 +184,22 @@ pub async fn serve_with_locks(
     Ok(())
 }
 
+/// The layers [`grpc_router`] stacks around the services: metrics outermost (it counts
+/// the codes clients see), then the learner guard, then the receive-limit rewrite.
+pub type GrpcLayers = tower::layer::util::Stack<
+    recv_limit_layer::RecvLimitLayer,
+    tower::layer::util::Stack<
+        learner_layer::LearnerGuardLayer,
+        tower::layer::util::Stack<metrics_layer::GrpcMetricsLayer, tower::layer::util::Identity>,
+    >,
+>;
+
 /// The gRPC router of every client-facing service over `shared` and `locks`; [`serve`] runs
 /// it on TCP listeners, a simulation (`baton-sim`) on its own simulated connections.
 pub fn grpc_router(
     shared: &Shared,
     locks: &locks::LockEngine,
-) -> tonic::transport::server::Router<
-    tower::layer::util::Stack<
-        learner_layer::LearnerGuardLayer,
-        tower::layer::util::Stack<metrics_layer::GrpcMetricsLayer, tower::layer::util::Identity>,
-    >,
-> {
+) -> tonic::transport::server::Router<GrpcLayers> {
     use baton_proto::baton::v1::{
         exactly_once_server::ExactlyOnceServer, fence_server::FenceServer, lock_server::LockServer,
     };
@@ -210,6 +216,7 @@ pub fn grpc_router(
         .layer(learner_layer::LearnerGuardLayer {
             node: shared.node.clone(),
         })
+        .layer(recv_limit_layer::RecvLimitLayer)
         .add_service(
             KvServer::new(kv::KvService {
                 shared: shared.clone(),
@@ -230,15 +237,24 @@ pub fn grpc_router(
             })
             .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
         )
-        .add_service(ClusterServer::new(cluster::ClusterService {
-            shared: shared.clone(),
-        }))
-        .add_service(MaintenanceServer::new(maintenance::MaintenanceService {
-            shared: shared.clone(),
-        }))
-        .add_service(AuthServer::new(maintenance::AuthService {
-            shared: shared.clone(),
-        }))
+        .add_service(
+            ClusterServer::new(cluster::ClusterService {
+                shared: shared.clone(),
+            })
+            .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
+        )
+        .add_service(
+            MaintenanceServer::new(maintenance::MaintenanceService {
+                shared: shared.clone(),
+            })
+            .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
+        )
+        .add_service(
+            AuthServer::new(maintenance::AuthService {
+                shared: shared.clone(),
+            })
+            .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
+        )
         .add_service(
             V3LockServer::new(v3lock::V3LockService {
                 engine: locks.clone(),

@@ -26,6 +26,25 @@ pub const MAX_WATCHERS_PER_STREAM: usize = 10_000;
 /// Events handed to one watcher per turn, so one busy watcher cannot starve the others.
 const EVENTS_PER_TURN: usize = 1000;
 
+/// etcd's `mvcc.ErrEmptyWatcherRange`: a range that holds no key can never fire.
+pub const EMPTY_WATCHER_RANGE: &str = "mvcc: watcher range is empty";
+/// etcd's `mvcc.ErrWatcherDuplicateID`.
+pub const DUPLICATE_WATCH_ID: &str = "mvcc: duplicate watch ID provided on the WatchStream";
+
+/// The start revision to watch from for the one asked. etcd passes a negative one to its
+/// store as it is: the history read from there is empty (the revision's bytes sort after
+/// every real one), so the watcher starts from now; but once anything has been compacted,
+/// a start below the compact revision is compacted (`watcherGroup.chooseAll`). Revision 1
+/// gets the same answer here through the hub's own compaction check. (A store's compact
+/// revision is 1 until its first compaction.)
+fn start_revision(asked: i64, compact_revision: Revision) -> Revision {
+    if asked < 0 && compact_revision > Revision(1) {
+        Revision(1)
+    } else {
+        Revision(asked)
+    }
+}
+
 /// The Watch service.
 pub struct WatchService {
     pub(crate) shared: Shared,
@@ -117,7 +136,13 @@ impl Session {
                             break;
                         }
                     }
-                    _ => break,
+                    // etcd's recvLoop returns what receiving failed with and the stream
+                    // ends with it (a message over the receive limit: RESOURCE_EXHAUSTED).
+                    Some(Err(status)) => {
+                        let _ = self.tx.send(Err(status)).await;
+                        break;
+                    }
+                    None => break,
                 },
                 changed = revisions.changed() => {
                     if changed.is_err() {
@@ -185,12 +210,24 @@ impl Session {
         .await
     }
 
+    /// etcd's checks and their order (`recvLoop`, `watchStream.Watch`): an empty range,
+    /// then a duplicate id. Any other id is taken as given, negative ones included (-1 too,
+    /// `InvalidWatchID`, as etcd does); 0 asks for the next free one. A negative start
+    /// revision is not refused either (see [`start_revision`]).
     async fn create(&mut self, c: pb::WatchCreateRequest) -> Result<(), Gone> {
         use pb::watch_create_request::FilterType;
-        if c.start_revision < 0 {
-            return self
-                .refuse_create("etcdserver: mvcc: required revision is a negative value".into())
-                .await;
+        // etcd treats an empty key as "\0" (the smallest key).
+        let key = if c.key.is_empty() {
+            vec![0]
+        } else {
+            c.key.clone()
+        };
+        // A range end of "\0" means every key from `key` on; any other must come after it.
+        if !c.range_end.is_empty() && c.range_end != [0] && key >= c.range_end {
+            return self.refuse_create(EMPTY_WATCHER_RANGE.into()).await;
+        }
+        if c.watch_id != 0 && self.watchers.contains_key(&c.watch_id) {
+            return self.refuse_create(DUPLICATE_WATCH_ID.into()).await;
         }
         if self.watchers.len() >= MAX_WATCHERS_PER_STREAM {
             return self
@@ -206,20 +243,10 @@ impl Session {
             let id = self.next_auto_id;
             self.next_auto_id += 1;
             id
-        } else if self.watchers.contains_key(&c.watch_id) || c.watch_id < 0 {
-            return self
-                .refuse_create("mvcc: duplicate watch ID provided on the WatchStream".into())
-                .await;
         } else {
             c.watch_id
         };
-        // etcd treats an empty key as "\0" (the smallest key).
-        let key = if c.key.is_empty() {
-            vec![0]
-        } else {
-            c.key.clone()
-        };
-        let spec = WatchSpec {
+        let mut spec = WatchSpec {
             range: KeyRange {
                 key,
                 range_end: c.range_end.clone(),
@@ -230,6 +257,7 @@ impl Session {
             prev_kv: c.prev_kv,
         };
         let (hub_id, revision, synced) = self.shared.node.with_watch_hub(|hub, sm| {
+            spec.start_revision = start_revision(c.start_revision, sm.compact_revision());
             let id = hub.add(spec, sm.revision());
             (id, sm.revision(), hub.is_synced(id, sm))
         });
@@ -285,13 +313,14 @@ impl Session {
                     WatchOutput::Compacted { compact_revision } => {
                         self.watchers.remove(&watch_id);
                         metrics::gauge!("baton_watchers").decrement(1.0);
+                        // As etcd sends it (`sendLoop`): no cancel reason (clients tell a
+                        // compaction by `compact_revision`), and a header at revision 0,
+                        // the revision of the store's compaction notice.
                         self.send(pb::WatchResponse {
-                            header: Some(header),
+                            header: Some(self.shared.header_at(0, self.shared.term())),
                             watch_id,
                             canceled: true,
                             compact_revision: compact_revision.0,
-                            cancel_reason: "etcdserver: mvcc: required revision has been compacted"
-                                .into(),
                             ..Default::default()
                         })
                         .await?;
