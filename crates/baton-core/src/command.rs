@@ -32,6 +32,10 @@ pub struct Entry {
 }
 
 /// A state-changing request, as replicated.
+///
+/// **Append-only.** bincode encodes a variant by its position, and every data directory's
+/// log (and the answers cached in snapshots) holds encoded commands: a variant inserted
+/// anywhere but at the end, or reordered, makes every existing log decode as other commands.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Command {
     /// Does nothing (leader's first entry of a term, barriers).
@@ -113,6 +117,88 @@ pub enum Command {
         acknowledged_below: u64,
         command: Box<Command>,
     },
+    /// etcd's `AlarmRequest` ACTIVATE/DEACTIVATE: raises or clears `alarm` for member
+    /// `member_id` (the replicated alarm list that `Maintenance.Alarm` GET shows). While a
+    /// `NoSpace` alarm is raised, every command that adds data is refused
+    /// ([`Command::adds_data`], `KvError::NoSpace`), on every replica alike. Raising one is
+    /// the leader's duty (its disk watch); clearing one is also a client's (`etcdctl alarm
+    /// disarm`).
+    Alarm {
+        action: AlarmAction,
+        member_id: u64,
+        alarm: AlarmType,
+    },
+}
+
+/// What an [`Command::Alarm`] does. Append-only (persisted in the log).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AlarmAction {
+    Activate,
+    Deactivate,
+}
+
+/// etcd's `AlarmType` without `NONE` (which means "any" in requests, never a raised alarm).
+/// Append-only: persisted in the log and in snapshots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum AlarmType {
+    /// A member's disk is (nearly) full: writes that add data are refused until it clears.
+    NoSpace,
+}
+
+impl AlarmType {
+    /// etcd's name, as `etcdctl alarm list` prints it.
+    pub fn name(self) -> &'static str {
+        match self {
+            AlarmType::NoSpace => "NOSPACE",
+        }
+    }
+}
+
+impl Command {
+    /// Whether applying this command can make the replicated state (and so the next
+    /// snapshot) bigger: what a `NoSpace` alarm refuses. etcd's capped applier refuses
+    /// `Put`, a `Txn` with a put, and `LeaseGrant`; Baton also refuses what creates keys or
+    /// sessions by other means (lock enqueue, de-duplication sessions) and looks into nested
+    /// txns. Deletes, compaction, revokes, expiry, fence checks (one number per resource)
+    /// and alarms stay allowed: they are how an operator makes room.
+    pub fn adds_data(&self) -> bool {
+        // A wrapper is unwrapped in a loop: a sender chooses the nesting depth (see
+        // `baton_raft::origin`), and this runs before anything validates it.
+        let mut command = self;
+        loop {
+            return match command {
+                Command::Deduplicated { command: inner, .. } => {
+                    command = inner;
+                    continue;
+                }
+                Command::Put(_)
+                | Command::LeaseGrant { .. }
+                | Command::LockEnqueue { .. }
+                | Command::RegisterClient { .. } => true,
+                Command::Txn(t) => txn_puts(t),
+                Command::Noop
+                | Command::DeleteRange(_)
+                | Command::Compact { .. }
+                | Command::LeaseRevoke { .. }
+                | Command::ExpireLeases { .. }
+                | Command::ExpireLeasesInTerm { .. }
+                | Command::LeaseCheckpoint { .. }
+                | Command::LockForceRelease { .. }
+                | Command::FenceCheck { .. }
+                | Command::UnregisterClient { .. }
+                | Command::Alarm { .. } => false,
+            };
+        }
+    }
+}
+
+/// Whether either branch of `t` (or of a txn nested in it) holds a put.
+fn txn_puts(t: &TxnRequest) -> bool {
+    t.success.iter().chain(&t.failure).any(|op| match op {
+        RequestOp::Put(_) => true,
+        RequestOp::Txn(inner) => txn_puts(inner),
+        RequestOp::Range(_) | RequestOp::DeleteRange(_) => false,
+    })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -312,6 +398,10 @@ pub enum KvError {
     /// Only plain key-value writes and fence checks carry a sequence.
     #[error("baton: this request cannot be de-duplicated")]
     NotDeduplicable,
+    /// A `NoSpace` alarm is raised: the request would add data (etcd's `ErrNoSpace`, sent
+    /// as `ErrGRPCNoSpace`). Appended last: cached answers in snapshots encode it.
+    #[error("etcdserver: mvcc: database space exceeded")]
+    NoSpace,
 }
 
 /// The result of applying one entry.
@@ -378,4 +468,39 @@ pub enum Response {
         response: Box<Response>,
     },
     Error(KvError),
+    /// The answer to [`Command::Alarm`]: `changed` is the alarm raised or cleared, `None`
+    /// when it already was (raised twice, or cleared while not raised).
+    Alarm {
+        changed: Option<(u64, AlarmType)>,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pins the positions bincode encodes: every data directory's log holds these tags, so a
+    /// variant inserted anywhere but at the end must fail here, not in production.
+    #[test]
+    fn persisted_variant_positions_are_frozen() {
+        let tag = |c: &Command| {
+            u32::from_le_bytes(bincode::serialize(c).unwrap()[..4].try_into().unwrap())
+        };
+        assert_eq!(tag(&Command::Noop), 0);
+        assert_eq!(tag(&Command::UnregisterClient { client_id: 1 }), 14);
+        let alarm = Command::Alarm {
+            action: AlarmAction::Deactivate,
+            member_id: 5,
+            alarm: AlarmType::NoSpace,
+        };
+        assert_eq!(
+            bincode::serialize(&alarm).unwrap(),
+            [16, 0, 0, 0, 1, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+        );
+        let tag = |e: &KvError| bincode::serialize(e).unwrap()[0];
+        assert_eq!(tag(&KvError::NotDeduplicable), 23);
+        assert_eq!(tag(&KvError::NoSpace), 24);
+        let r = bincode::serialize(&Response::Alarm { changed: None }).unwrap();
+        assert_eq!(r[0], 16);
+    }
 }

@@ -13,9 +13,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::clients::{CachedResponse, ClientSession, ClientTable, Decision};
 use crate::command::{
-    Applied, Command, Compare, CompareResult, CompareTarget, DeleteRangeRequest,
-    DeleteRangeResponse, Entry, KvError, PutRequest, PutResponse, RangeRequest, RangeResponse,
-    RequestOp, Response, ResponseOp, SortOrder, SortTarget, TxnRequest, TxnResponse,
+    AlarmAction, AlarmType, Applied, Command, Compare, CompareResult, CompareTarget,
+    DeleteRangeRequest, DeleteRangeResponse, Entry, KvError, PutRequest, PutResponse, RangeRequest,
+    RangeResponse, RequestOp, Response, ResponseOp, SortOrder, SortTarget, TxnRequest, TxnResponse,
 };
 use crate::crc32::{crc32, Crc32};
 use crate::locks::{
@@ -71,9 +71,10 @@ const FIRST_REVISION: i64 = 1;
 
 /// Snapshot format version, the first byte of every snapshot. Bump it when `SnapshotBody`
 /// changes shape; `restore` refuses versions it does not know instead of misreading them.
-/// Formats 1 (before locks and fences) and 2 (before de-duplication sessions) are still read,
-/// as states without those tables.
-const SNAPSHOT_FORMAT: u8 = 3;
+/// Formats 1 (before locks and fences), 2 (before de-duplication sessions) and 3 (before
+/// alarms) are still read, as states without those tables.
+const SNAPSHOT_FORMAT: u8 = 4;
+const SNAPSHOT_FORMAT_V3: u8 = 3;
 const SNAPSHOT_FORMAT_V2: u8 = 2;
 const SNAPSHOT_FORMAT_V1: u8 = 1;
 
@@ -90,6 +91,7 @@ struct SnapshotBodyRef<'a> {
     locks: &'a BTreeMap<Vec<u8>, LockRecord>,
     fences: &'a BTreeMap<Vec<u8>, i64>,
     clients: &'a BTreeMap<u64, ClientSession>,
+    alarms: &'a BTreeSet<(u64, AlarmType)>,
 }
 
 /// The owned twin of `SnapshotBodyRef`; bincode is positional, so the two must list the same
@@ -106,6 +108,40 @@ struct SnapshotBody {
     locks: BTreeMap<Vec<u8>, LockRecord>,
     fences: BTreeMap<Vec<u8>, i64>,
     clients: BTreeMap<u64, ClientSession>,
+    alarms: BTreeSet<(u64, AlarmType)>,
+}
+
+/// Format 3's body: `SnapshotBody` without alarms.
+#[derive(Deserialize)]
+struct SnapshotBodyV3 {
+    revision: i64,
+    compact_revision: i64,
+    last_applied: Option<(LogIndex, Term)>,
+    last_time_ms: u64,
+    keys: BTreeMap<Key, Vec<Version>>,
+    changes: BTreeMap<i64, Changed>,
+    leases: BTreeMap<LeaseId, LeaseRecord>,
+    locks: BTreeMap<Vec<u8>, LockRecord>,
+    fences: BTreeMap<Vec<u8>, i64>,
+    clients: BTreeMap<u64, ClientSession>,
+}
+
+impl From<SnapshotBodyV3> for SnapshotBody {
+    fn from(b: SnapshotBodyV3) -> Self {
+        SnapshotBody {
+            revision: b.revision,
+            compact_revision: b.compact_revision,
+            last_applied: b.last_applied,
+            last_time_ms: b.last_time_ms,
+            keys: b.keys,
+            changes: b.changes,
+            leases: b.leases,
+            locks: b.locks,
+            fences: b.fences,
+            clients: b.clients,
+            alarms: BTreeSet::new(),
+        }
+    }
 }
 
 /// Format 2's body: `SnapshotBody` without de-duplication sessions.
@@ -135,6 +171,7 @@ impl From<SnapshotBodyV2> for SnapshotBody {
             locks: b.locks,
             fences: b.fences,
             clients: BTreeMap::new(),
+            alarms: BTreeSet::new(),
         }
     }
 }
@@ -164,6 +201,7 @@ impl From<SnapshotBodyV1> for SnapshotBody {
             locks: BTreeMap::new(),
             fences: BTreeMap::new(),
             clients: BTreeMap::new(),
+            alarms: BTreeSet::new(),
         }
     }
 }
@@ -178,6 +216,8 @@ pub struct StateMachine {
     fences: FenceTable,
     /// De-duplication sessions of `Deduplicated` commands.
     clients: ClientTable,
+    /// Raised alarms, by member (etcd's alarm store; replicated, in snapshots).
+    alarms: BTreeSet<(u64, AlarmType)>,
     revision: i64,
     /// 1 (the empty store) until the first compaction: nothing before it can be lost.
     compact_revision: i64,
@@ -208,6 +248,7 @@ impl StateMachine {
             locks: LockTable::default(),
             fences: FenceTable::default(),
             clients: ClientTable::default(),
+            alarms: BTreeSet::new(),
             revision: FIRST_REVISION,
             compact_revision: FIRST_REVISION,
             last_applied: None,
@@ -261,6 +302,12 @@ impl StateMachine {
 
     fn apply_command(&mut self, cmd: &Command, w: &mut Writes) -> Result<Response, KvError> {
         validate::validate(cmd)?;
+        // Before any de-duplication decision: a refused exactly-once write leaves its
+        // sequence unused, so the client's retry once space is back is applied, not answered
+        // from a cache with this refusal.
+        if self.no_space() && cmd.adds_data() {
+            return Err(KvError::NoSpace);
+        }
         match cmd {
             Command::Noop => Ok(Response::Noop),
             Command::Put(p) => {
@@ -417,6 +464,20 @@ impl StateMachine {
             Command::UnregisterClient { client_id } => Ok(Response::ClientUnregistered {
                 existed: self.clients.unregister(*client_id),
             }),
+            Command::Alarm {
+                action,
+                member_id,
+                alarm,
+            } => {
+                let member = (*member_id, *alarm);
+                let changed = match action {
+                    AlarmAction::Activate => self.alarms.insert(member),
+                    AlarmAction::Deactivate => self.alarms.remove(&member),
+                };
+                Ok(Response::Alarm {
+                    changed: changed.then_some(member),
+                })
+            }
             Command::Deduplicated {
                 client_id,
                 sequence,
@@ -634,6 +695,17 @@ impl StateMachine {
     }
 
     /// The current store revision.
+    /// Raised alarms as `(member id, alarm)`, in member order (etcd's `AlarmStore.Get`).
+    pub fn alarms(&self) -> Vec<(u64, AlarmType)> {
+        self.alarms.iter().copied().collect()
+    }
+
+    /// Whether a `NoSpace` alarm is raised for any member: commands that add data are
+    /// refused ([`Command::adds_data`]).
+    pub fn no_space(&self) -> bool {
+        self.alarms.iter().any(|(_, a)| *a == AlarmType::NoSpace)
+    }
+
     pub fn revision(&self) -> Revision {
         Revision(self.revision)
     }
@@ -832,6 +904,7 @@ impl StateMachine {
             locks: self.locks.records(),
             fences: self.fences.map(),
             clients: self.clients.map(),
+            alarms: &self.alarms,
         };
         let payload = bincode::serialize(&body).expect("in-memory state always serializes");
         let mut out = Vec::with_capacity(payload.len() + 5);
@@ -847,7 +920,14 @@ impl StateMachine {
         let (&format, rest) = bytes
             .split_first()
             .ok_or_else(|| err("empty snapshot".into()))?;
-        if ![SNAPSHOT_FORMAT, SNAPSHOT_FORMAT_V2, SNAPSHOT_FORMAT_V1].contains(&format) {
+        if ![
+            SNAPSHOT_FORMAT,
+            SNAPSHOT_FORMAT_V3,
+            SNAPSHOT_FORMAT_V2,
+            SNAPSHOT_FORMAT_V1,
+        ]
+        .contains(&format)
+        {
             return Err(err(format!("unknown snapshot format {format}")));
         }
         if rest.len() < 4 {
@@ -866,6 +946,10 @@ impl StateMachine {
             bincode::deserialize::<SnapshotBodyV2>(payload)
                 .map_err(|e| err(e.to_string()))?
                 .into()
+        } else if format == SNAPSHOT_FORMAT_V3 {
+            bincode::deserialize::<SnapshotBodyV3>(payload)
+                .map_err(|e| err(e.to_string()))?
+                .into()
         } else {
             bincode::deserialize(payload).map_err(|e| err(e.to_string()))?
         };
@@ -880,6 +964,7 @@ impl StateMachine {
             locks: LockTable::default(),
             fences: FenceTable::from_map(body.fences),
             clients: ClientTable::from_map(body.clients),
+            alarms: body.alarms,
             revision: body.revision,
             compact_revision: body.compact_revision,
             last_applied: body.last_applied,
@@ -1690,10 +1775,20 @@ mod tests {
             clients: sm.clients.map(),
         };
         let payload = bincode::serialize(&body).expect("serialize");
-        let mut old = vec![SNAPSHOT_FORMAT];
+        let mut old = vec![SNAPSHOT_FORMAT_V3];
         old.extend_from_slice(&crc32(&payload).to_le_bytes());
         old.extend_from_slice(&payload);
-        assert_eq!(sm.snapshot(), old, "same bytes as before");
+        // Format 4 is format 3 plus the alarm set (here empty: a zero length).
+        let mut now = payload.clone();
+        now.extend_from_slice(&0u64.to_le_bytes());
+        let mut expected = vec![SNAPSHOT_FORMAT];
+        expected.extend_from_slice(&crc32(&now).to_le_bytes());
+        expected.extend_from_slice(&now);
+        assert_eq!(
+            sm.snapshot(),
+            expected,
+            "same bytes as before, plus no alarms"
+        );
         let restored = StateMachine::restore(&old).expect("old encoding restores");
         assert_eq!(restored.hash_kv(0), sm.hash_kv(0));
     }
@@ -1713,10 +1808,11 @@ mod tests {
             locks: &BTreeMap::new(),
             fences: &BTreeMap::new(),
             clients: &BTreeMap::new(),
+            alarms: &BTreeSet::new(),
         };
-        // Format 1 is format 3 without the three trailing maps (bincode is positional).
+        // Format 1 is format 4 without the four trailing collections (bincode is positional).
         let full = bincode::serialize(&body).expect("serialize");
-        let payload = &full[..full.len() - 24];
+        let payload = &full[..full.len() - 32];
         let mut v1 = vec![SNAPSHOT_FORMAT_V1];
         v1.extend_from_slice(&crc32(payload).to_le_bytes());
         v1.extend_from_slice(payload);
@@ -1741,5 +1837,154 @@ mod tests {
             },
         ));
         assert_eq!(sm.approximate_size_bytes(), one);
+    }
+
+    fn alarm(action: AlarmAction, member_id: u64) -> Command {
+        Command::Alarm {
+            action,
+            member_id,
+            alarm: AlarmType::NoSpace,
+        }
+    }
+
+    /// The NOSPACE alarm refuses exactly what adds data, changes nothing when it refuses,
+    /// and lets deletes, compaction and revokes through; clearing it lets writes in again.
+    #[test]
+    fn no_space_alarm_refuses_what_adds_data_only() {
+        let mut sm = StateMachine::new();
+        sm.apply(&entry(1, put("a", "1")));
+        sm.apply(&entry(
+            2,
+            Command::LeaseGrant {
+                id: LeaseId(7),
+                ttl_s: 60,
+            },
+        ));
+        let raised = sm.apply(&entry(3, alarm(AlarmAction::Activate, 42)));
+        assert_eq!(
+            raised.response,
+            Response::Alarm {
+                changed: Some((42, AlarmType::NoSpace))
+            }
+        );
+        assert!(raised.events.is_empty(), "an alarm is no revision");
+        assert_eq!(sm.alarms(), vec![(42, AlarmType::NoSpace)]);
+        // Raising it twice changes nothing.
+        let again = sm.apply(&entry(4, alarm(AlarmAction::Activate, 42)));
+        assert_eq!(again.response, Response::Alarm { changed: None });
+
+        let before = sm.hash_kv(0).unwrap();
+        let txn_with_put = Command::Txn(TxnRequest {
+            compare: Vec::new(),
+            success: Vec::new(),
+            failure: vec![RequestOp::Txn(TxnRequest {
+                compare: Vec::new(),
+                success: vec![RequestOp::Put(PutRequest {
+                    key: b"n".to_vec(),
+                    ..Default::default()
+                })],
+                failure: Vec::new(),
+            })],
+        });
+        let refused = [
+            put("b", "2"),
+            txn_with_put,
+            Command::LeaseGrant {
+                id: LeaseId(8),
+                ttl_s: 60,
+            },
+            enqueue("lock", 7),
+            Command::RegisterClient { timeout_ms: 60_000 },
+            Command::Deduplicated {
+                client_id: 1,
+                sequence: 1,
+                acknowledged_below: 0,
+                command: Box::new(put("c", "3")),
+            },
+        ];
+        for (i, cmd) in refused.into_iter().enumerate() {
+            assert!(cmd.adds_data(), "{cmd:?}");
+            let a = sm.apply(&entry(10 + i as u64, cmd));
+            assert_eq!(a.response, Response::Error(KvError::NoSpace));
+            assert!(a.events.is_empty());
+        }
+        assert_eq!(sm.hash_kv(0).unwrap(), before, "refusals changed nothing");
+        assert_eq!(sm.client_sessions(), 0);
+        assert_eq!(sm.lease_ids(), vec![LeaseId(7)]);
+
+        // A read-only txn, deletes, compaction and revokes go through.
+        let read_txn = Command::Txn(TxnRequest {
+            compare: Vec::new(),
+            success: vec![RequestOp::Range(RangeRequest {
+                range: KeyRange {
+                    key: b"a".to_vec(),
+                    range_end: Vec::new(),
+                },
+                ..Default::default()
+            })],
+            failure: Vec::new(),
+        });
+        assert!(!read_txn.adds_data());
+        assert!(matches!(
+            sm.apply(&entry(20, read_txn)).response,
+            Response::Txn(_)
+        ));
+        let del = sm.apply(&entry(
+            21,
+            Command::DeleteRange(DeleteRangeRequest {
+                range: KeyRange {
+                    key: b"a".to_vec(),
+                    range_end: Vec::new(),
+                },
+                prev_kv: false,
+            }),
+        ));
+        assert!(matches!(del.response, Response::DeleteRange(ref d) if d.deleted == 1));
+        let rev = sm.revision();
+        assert_eq!(
+            sm.apply(&entry(22, Command::Compact { revision: rev }))
+                .response,
+            Response::Compact
+        );
+        assert_eq!(
+            sm.apply(&entry(23, Command::LeaseRevoke { id: LeaseId(7) }))
+                .response,
+            Response::LeaseRevoke
+        );
+
+        // The alarm survives a snapshot, and clearing it lets writes in again.
+        let mut sm = StateMachine::restore(&sm.snapshot()).expect("restores");
+        assert!(sm.no_space());
+        let other = sm.apply(&entry(24, alarm(AlarmAction::Deactivate, 41)));
+        assert_eq!(other.response, Response::Alarm { changed: None });
+        assert!(sm.no_space(), "another member's alarm is not this one");
+        let cleared = sm.apply(&entry(25, alarm(AlarmAction::Deactivate, 42)));
+        assert_eq!(
+            cleared.response,
+            Response::Alarm {
+                changed: Some((42, AlarmType::NoSpace))
+            }
+        );
+        assert!(!sm.no_space());
+        assert!(matches!(
+            sm.apply(&entry(26, put("b", "2"))).response,
+            Response::Put(_)
+        ));
+    }
+
+    #[test]
+    fn format_three_snapshots_restore_without_alarms() {
+        let mut sm = StateMachine::new();
+        sm.apply(&entry(1, put("a", "1")));
+        let snap = sm.snapshot();
+        assert_eq!(snap[0], SNAPSHOT_FORMAT);
+        // Format 3 is format 4 without the trailing alarm set.
+        let payload = &snap[5..snap.len() - 8];
+        let mut v3 = vec![SNAPSHOT_FORMAT_V3];
+        v3.extend_from_slice(&crc32(payload).to_le_bytes());
+        v3.extend_from_slice(payload);
+        let restored = StateMachine::restore(&v3).expect("format 3 restores");
+        assert!(restored.alarms().is_empty());
+        assert_eq!(restored.snapshot(), snap);
     }
 }

@@ -77,7 +77,9 @@ pub(crate) fn validate(cmd: &Command) -> Result<(), KvError> {
             }
             Ok(())
         }
-        Command::RegisterClient { .. } | Command::UnregisterClient { .. } => Ok(()),
+        Command::RegisterClient { .. }
+        | Command::UnregisterClient { .. }
+        | Command::Alarm { .. } => Ok(()),
         Command::Deduplicated {
             sequence, command, ..
         } => {

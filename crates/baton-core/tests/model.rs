@@ -727,6 +727,8 @@ impl Model {
             | Command::ExpireLeasesInTerm { .. }
             | Command::UnregisterClient { .. }
             | Command::Deduplicated { .. } => unreachable!("apply_entry handles sessions"),
+            // Alarms are covered by the state machine's own unit tests.
+            Command::Alarm { .. } => unreachable!("the generator proposes no alarms"),
         })();
         let Work {
             rev, cur, events, ..
@@ -1298,6 +1300,7 @@ fn outcome(a: &Applied) -> String {
         }
         Response::FenceCheck { accepted, .. } => format!("fence accepted={accepted}"),
         Response::ClientRegistered { .. } => "client registered".into(),
+        Response::Alarm { .. } => "alarm".into(),
         Response::ClientUnregistered { existed } => {
             format!("client unregistered existed={existed}")
         }

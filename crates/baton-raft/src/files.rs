@@ -34,16 +34,23 @@ pub(crate) fn tmp_path(path: &Path) -> PathBuf {
 
 /// Replaces `path` with `bytes` so that after a crash the file holds either the old or the new
 /// content, never a mix.
+///
+/// On failure the temporary file is removed: on a full disk it would otherwise hold on to
+/// the very space whose lack made the write fail (a snapshot's worth, for a snapshot).
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let tmp = tmp_path(path);
-    {
+    let written = (|| {
         let mut f = OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
             .open(&tmp)?;
         f.write_all(bytes)?;
-        f.sync_all()?;
+        f.sync_all()
+    })();
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
     }
     fs::rename(&tmp, path)?;
     fsync_dir(path.parent().unwrap_or(Path::new(".")))

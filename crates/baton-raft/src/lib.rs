@@ -46,6 +46,8 @@ mod peer_server;
 mod proposer;
 mod sm;
 mod snapshot;
+mod space;
+pub use space::DEFAULT_SPACE_RESERVE_BYTES;
 mod transfer;
 mod types;
 mod wal;
@@ -62,7 +64,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use baton_core::{Applied, Command, LeaseId, Response, Revision, StateMachine, Term, WatchHub};
+use baton_core::{
+    AlarmAction, AlarmType, Applied, Command, LeaseId, Response, Revision, StateMachine, Term,
+    WatchHub,
+};
 use openraft::error::{
     ChangeMembershipError, CheckIsLeaderError, ClientWriteError, Fatal, RaftError,
 };
@@ -118,6 +123,10 @@ pub struct NodeConfig {
     /// Network, clock, randomness and disk hooks; the default is the real world (only a
     /// simulation injects anything, see `env`).
     pub env: Environment,
+    /// Free bytes the data directory's file system keeps in reserve: below it this member
+    /// refuses writes that add data and raises `NOSPACE` (see `space`); 0 disables the
+    /// measurement (a full disk still raises it).
+    pub disk_reserve_bytes: u64,
 }
 
 impl NodeConfig {
@@ -135,6 +144,7 @@ impl NodeConfig {
             lease_checkpoint_interval: DEFAULT_LEASE_CHECKPOINT_INTERVAL,
             cluster: None,
             env: Environment::default(),
+            disk_reserve_bytes: space::DEFAULT_SPACE_RESERVE_BYTES,
         }
     }
 }
@@ -214,6 +224,11 @@ pub enum ProposeError {
     /// peer. Nothing was done.
     #[error("baton: {0} is proposed only by the leader itself, never on request")]
     LeaderOnly(LeaderDuty),
+    /// The command adds data and this member's disk is (nearly) full or a `NOSPACE` alarm
+    /// is raised (see `space`). Nothing was done. Appended last: this enum travels between
+    /// members.
+    #[error("no space")]
+    NoSpace,
 }
 
 /// Why a replica could not start.
@@ -342,6 +357,11 @@ struct Inner {
     dir_lock: parking_lot::Mutex<Option<fs::File>>,
     /// Randomness of lease ids and the restart hold (seeded in a simulation).
     rng: parking_lot::Mutex<rand::rngs::StdRng>,
+    /// An alarm proposal of the disk watch is in flight (one at a time: on a stalled log
+    /// it waits out the request timeout, and the tick comes every 100 ms).
+    alarm_in_flight: Arc<AtomicBool>,
+    /// Warnings of the disk watch's alarm proposals.
+    alarm_log: space::RateLimit,
 }
 
 fn io_error(path: &Path) -> impl FnOnce(io::Error) -> StartError + '_ {
@@ -605,7 +625,8 @@ impl Node {
         .map_err(|e| StartError::Raft(format!("invalid timing configuration: {e}")))?;
 
         let hub = WatchHub::new(config.max_pending_watch_events);
-        let shared = Arc::new(Shared::new(state, hub, snap_dir, current_snapshot));
+        let space = space::Space::new(config.disk_reserve_bytes, config.env.disk.is_none());
+        let shared = Arc::new(Shared::new(state, hub, snap_dir, current_snapshot, space));
         let (log_store, wal) = wal::open(&raft_dir, recovered, config.env.disk.clone())?;
         let peers = Arc::new(Peers::new(
             member.cluster_id,
@@ -662,6 +683,8 @@ impl Node {
                 transfer: transfer::TransferGate::new(),
                 dir_lock: parking_lot::Mutex::new(Some(dir_lock)),
                 rng: parking_lot::Mutex::new(rng),
+                alarm_in_flight: Arc::new(AtomicBool::new(false)),
+                alarm_log: space::RateLimit::default(),
             }),
         };
         if !peer_listeners.is_empty() {
@@ -708,6 +731,7 @@ impl Node {
     pub async fn propose(&self, command: Command) -> Result<Proposed, ProposeError> {
         origin::client_may_propose(&command).map_err(ProposeError::LeaderOnly)?;
         let inner = &self.inner;
+        inner.refuse_without_space(&command)?;
         let deadline = Instant::now() + REQUEST_TIMEOUT;
         let mut req = LeaderRequest::Propose(command);
         let req = loop {
@@ -987,6 +1011,12 @@ impl Node {
         inner.dir_lock.lock().take();
     }
 
+    /// Whether this member's disk watch judges its space low (writes that add data are
+    /// refused here; see `space`).
+    pub fn disk_space_low(&self) -> bool {
+        self.inner.shared.space.is_low()
+    }
+
     /// Number of fsyncs the Raft log has issued since start. For tests (group commit) and
     /// diagnostics; the same count is exported as `baton_wal_fsyncs_total`.
     pub fn wal_fsync_count(&self) -> u64 {
@@ -1217,8 +1247,22 @@ impl Inner {
     /// service only after checking a forwarded command's origin (`peer_server`).
     async fn propose(&self, command: Command) -> Result<Proposed, ProposeError> {
         self.check_running()?;
+        self.refuse_without_space(&command)?;
         self.wait_transfer(Instant::now() + REQUEST_TIMEOUT).await;
         self.proposer.propose(command).await
+    }
+
+    /// Refuses a command that adds data while this member's space is low or a `NOSPACE`
+    /// alarm is applied, before it costs a log entry: the apply-time refusal
+    /// (`StateMachine::apply`) only covers what was proposed before the alarm, and a log
+    /// that cannot grow could not take the entry anyway.
+    fn refuse_without_space(&self, command: &Command) -> Result<(), ProposeError> {
+        if command.adds_data()
+            && (self.shared.space.is_low() || self.shared.state.read().sm.no_space())
+        {
+            return Err(ProposeError::NoSpace);
+        }
+        Ok(())
     }
 
     /// Where a request that only the leader can serve goes: to `Routed::Local` (handed back)
@@ -1741,6 +1785,99 @@ impl Inner {
         }
     }
 
+    /// One tick of the disk watch (see `space`): measures the free space, pokes a stalled log
+    /// writer, re-triggers a snapshot that did not fit once it does, judges whether space is
+    /// low, and raises or clears this member's `NOSPACE` alarm to match: raising is the
+    /// leader's duty (a follower with a full disk only refuses writes itself), clearing
+    /// goes through the leader from any member.
+    async fn space_tick(self: &Arc<Self>) {
+        let shared = &self.shared;
+        let free = shared.measure_free();
+        self.wal.retry_stalled();
+        let mut snapshot_blocked = shared.space.snapshot_blocked();
+        if snapshot_blocked && shared.snapshot_fits() {
+            // Room again: try now rather than after the next apply (none may come).
+            shared.space.set_snapshot_blocked(false);
+            snapshot_blocked = false;
+            if let Err(e) = self.raft.trigger().snapshot().await {
+                tracing::debug!(error = %e, "snapshot after space came back not started");
+            }
+        }
+        let stalled = self.wal.stalled();
+        let was_low = shared.space.is_low();
+        let low = space::judge(
+            free,
+            shared.space.reserve,
+            was_low,
+            stalled || snapshot_blocked,
+        );
+        if shared.space.set_low(low) != low {
+            metrics::gauge!("baton_disk_space_low").set(if low { 1.0 } else { 0.0 });
+            if low {
+                tracing::warn!(
+                    free_bytes = ?free,
+                    reserve_bytes = shared.space.reserve,
+                    log_stalled = stalled,
+                    snapshot_blocked,
+                    "disk space low: refusing writes that add data (NOSPACE); reads, deletes \
+                     and compaction are served"
+                );
+            } else {
+                tracing::info!(free_bytes = ?free, "disk space available again: writes accepted");
+            }
+        }
+        let raised = shared
+            .state
+            .read()
+            .sm
+            .alarms()
+            .contains(&(self.member_id, AlarmType::NoSpace));
+        let action = match (low, raised) {
+            (true, false) if self.raft.metrics().borrow().state == ServerState::Leader => {
+                AlarmAction::Activate
+            }
+            (false, true) => AlarmAction::Deactivate,
+            _ => return,
+        };
+        if self.alarm_in_flight.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let inner = self.clone();
+        tokio::spawn(async move {
+            let command = Command::Alarm {
+                action,
+                member_id: inner.member_id,
+                alarm: AlarmType::NoSpace,
+            };
+            let res = match action {
+                AlarmAction::Activate => inner.propose(command).await,
+                // Routed: a follower's own alarm is cleared through the leader.
+                AlarmAction::Deactivate => {
+                    let node = Node {
+                        inner: inner.clone(),
+                    };
+                    node.propose(command).await
+                }
+            };
+            match res {
+                Ok(_) if action == AlarmAction::Activate => tracing::warn!(
+                    member = format_args!("{:x}", inner.member_id),
+                    "NOSPACE alarm raised"
+                ),
+                Ok(_) => tracing::info!(
+                    member = format_args!("{:x}", inner.member_id),
+                    "NOSPACE alarm cleared: space is available again"
+                ),
+                Err(e) => {
+                    if inner.alarm_log.allow() {
+                        tracing::warn!(error = %e, ?action, "proposing the NOSPACE alarm failed; will retry");
+                    }
+                }
+            }
+            inner.alarm_in_flight.store(false, Ordering::Release);
+        });
+    }
+
     async fn lease_tick(&self, last_checkpoint: &mut Instant) {
         let (state, term) = {
             let m = self.raft.metrics();
@@ -1906,6 +2043,7 @@ async fn lease_loop(node: Weak<Inner>) {
             metrics::counter!("baton_lease_stalls_total").increment(1);
         }
         inner.lease_tick(&mut last_checkpoint).await;
+        inner.space_tick().await;
         inner.snapshot_if_log_large().await;
         last_tick = Instant::now();
     }

@@ -3,7 +3,8 @@
 //! Most commands are a client's request, made on any member and forwarded to the leader if
 //! need be. A few are decided by the leader alone, from state only it has: lease expiry (its
 //! lease clock says a deadline passed), lease checkpoints (remaining TTLs it measured) and
-//! blank entries. Applied from anywhere else they are an attack, not a request: a forged
+//! blank entries, and raising an alarm (its disk watch says the disk is nearly full).
+//! Applied from anywhere else they are an attack, not a request: a forged
 //! `ExpireLeases` expires a live lease at once, whatever its TTL (issue 14). So every
 //! command that enters a replica from outside — the public [`crate::Node::propose`] and
 //! forwarded `Propose` requests on the peer service — is classified by [`origin`] before it
@@ -13,7 +14,7 @@
 //! [`origin`] is an exhaustive `match` on `Command` without a wildcard: a new variant does
 //! not compile until someone decides who may send it.
 
-use baton_core::Command;
+use baton_core::{AlarmAction, Command};
 use serde::{Deserialize, Serialize};
 
 /// A command that only the leader's own duties propose.
@@ -28,6 +29,11 @@ pub enum LeaderDuty {
     /// Remaining TTLs measured on the leader's lease clock; a forged one would shorten a
     /// lease after the next leader change.
     LeaseCheckpoint,
+    /// Raising an alarm (`Command::Alarm` with `Activate`): the leader's disk watch decides
+    /// it; a forged one would stop every write of the cluster. Clearing one is a client's
+    /// request (`etcdctl alarm disarm`), as in etcd. Appended last: this enum travels in
+    /// `ProposeError::LeaderOnly` between members.
+    RaiseAlarm,
 }
 
 impl LeaderDuty {
@@ -38,6 +44,7 @@ impl LeaderDuty {
             LeaderDuty::ExpireLeases => "ExpireLeases",
             LeaderDuty::ExpireLeasesInTerm => "ExpireLeasesInTerm",
             LeaderDuty::LeaseCheckpoint => "LeaseCheckpoint",
+            LeaderDuty::RaiseAlarm => "Alarm(Activate)",
         }
     }
 }
@@ -85,7 +92,15 @@ pub fn origin(command: &Command) -> Origin {
             | Command::LockForceRelease { .. }
             | Command::FenceCheck { .. }
             | Command::RegisterClient { .. }
-            | Command::UnregisterClient { .. } => return Origin::Client,
+            | Command::UnregisterClient { .. }
+            | Command::Alarm {
+                action: AlarmAction::Deactivate,
+                ..
+            } => return Origin::Client,
+            Command::Alarm {
+                action: AlarmAction::Activate,
+                ..
+            } => LeaderDuty::RaiseAlarm,
             Command::Noop => LeaderDuty::Noop,
             Command::ExpireLeases { .. } => LeaderDuty::ExpireLeases,
             Command::ExpireLeasesInTerm { .. } => LeaderDuty::ExpireLeasesInTerm,
@@ -167,6 +182,16 @@ mod tests {
                 acknowledged_below: 0,
                 command: Box::new(put),
             },
+            Command::Alarm {
+                action: AlarmAction::Activate,
+                member_id: 1,
+                alarm: baton_core::AlarmType::NoSpace,
+            },
+            Command::Alarm {
+                action: AlarmAction::Deactivate,
+                member_id: 1,
+                alarm: baton_core::AlarmType::NoSpace,
+            },
         ];
         all.into_iter()
             .map(|c| {
@@ -177,6 +202,14 @@ mod tests {
                         Origin::Leader(LeaderDuty::ExpireLeasesInTerm)
                     }
                     Command::LeaseCheckpoint { .. } => Origin::Leader(LeaderDuty::LeaseCheckpoint),
+                    Command::Alarm {
+                        action: AlarmAction::Activate,
+                        ..
+                    } => Origin::Leader(LeaderDuty::RaiseAlarm),
+                    Command::Alarm {
+                        action: AlarmAction::Deactivate,
+                        ..
+                    } => Origin::Client,
                     Command::Put(_)
                     | Command::DeleteRange(_)
                     | Command::Txn(_)
@@ -198,7 +231,11 @@ mod tests {
     #[test]
     fn every_command_is_classified() {
         let cases = every_variant();
-        assert_eq!(cases.len(), 16, "one case per Command variant");
+        assert_eq!(
+            cases.len(),
+            18,
+            "one case per Command variant (two for Alarm)"
+        );
         for (command, expected) in cases {
             assert_eq!(origin(&command), expected, "{command:?}");
             assert_eq!(
@@ -221,7 +258,8 @@ mod tests {
                 LeaderDuty::Noop,
                 LeaderDuty::ExpireLeases,
                 LeaderDuty::ExpireLeasesInTerm,
-                LeaderDuty::LeaseCheckpoint
+                LeaderDuty::LeaseCheckpoint,
+                LeaderDuty::RaiseAlarm
             ]
         );
     }

@@ -25,6 +25,7 @@ use tokio::sync::watch;
 use crate::deletions::DeletionWatches;
 use crate::lease::LeaseClock;
 use crate::snapshot;
+use crate::space::{self, Space};
 use crate::types::{LogId, Membership, RaftEntry, Reply, SnapshotMeta, StorageError, TypeConfig};
 
 /// Everything that changes together when an entry is applied; one lock so that a snapshot's
@@ -66,6 +67,8 @@ pub(crate) struct Shared {
     snapshot_seq: AtomicU64,
     /// Set on shutdown (`close_snapshots`): no snapshot file is written any more.
     snapshots_closed: AtomicBool,
+    /// The disk watch (see `space`): whether snapshots fit, and whether space is low.
+    pub(crate) space: Space,
 }
 
 impl Shared {
@@ -74,6 +77,7 @@ impl Shared {
         hub: WatchHub,
         snap_dir: PathBuf,
         current_snapshot: Option<CurrentSnapshot>,
+        space: Space,
     ) -> Self {
         let (revision_tx, _) = watch::channel(state.sm.revision());
         let bytes = current_snapshot.as_ref().map_or(0, |c| c.2);
@@ -88,6 +92,52 @@ impl Shared {
             snapshot_bytes: AtomicU64::new(bytes),
             snapshot_seq: AtomicU64::new(0),
             snapshots_closed: AtomicBool::new(false),
+            space,
+        }
+    }
+
+    /// Measures the free space of the data directory's file system now.
+    pub(crate) fn measure_free(&self) -> Option<u64> {
+        self.space.measure(&self.snap_dir)
+    }
+
+    /// About how many bytes the next snapshot file takes: the last one's size, or the
+    /// state's estimate if that is more.
+    pub(crate) fn snapshot_estimate(&self) -> u64 {
+        let state = self.state.read().sm.approximate_size_bytes();
+        state.max(self.snapshot_bytes.load(Ordering::Relaxed))
+    }
+
+    /// Whether the next snapshot would fit now (measuring the free space).
+    pub(crate) fn snapshot_fits(&self) -> bool {
+        let free = self.measure_free();
+        space::snapshot_fits(free, self.space.reserve, self.snapshot_estimate())
+    }
+
+    /// Answers openraft's snapshot request without a new snapshot (there is no room for
+    /// one): the snapshot already on disk, which openraft ignores as not newer than its own,
+    /// so it purges nothing and asks again later. Handing it an error instead would stop its
+    /// core for good. Marks snapshots blocked, which the disk watch counts as low space.
+    fn defer_snapshot(&self, why: &str) -> Snapshot<TypeConfig> {
+        self.space.set_snapshot_blocked(true);
+        if self.space.snapshot_log.allow() {
+            tracing::warn!(
+                estimate_bytes = self.snapshot_estimate(),
+                free_bytes = ?self.space.last_free(),
+                why,
+                "snapshot deferred: not enough free disk space; the log is kept until one fits"
+            );
+        }
+        metrics::counter!("baton_snapshots_deferred_total").increment(1);
+        let meta = self
+            .current_snapshot
+            .lock()
+            .as_ref()
+            .map(|(m, _)| m.clone())
+            .unwrap_or_default();
+        Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(Vec::new())),
         }
     }
 
@@ -175,6 +225,10 @@ impl Shared {
     }
 }
 
+/// Back-off bounds of writing a leader's snapshot on a full disk.
+const INSTALL_RETRY_MIN: std::time::Duration = std::time::Duration::from_millis(100);
+const INSTALL_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+
 fn sm_err(msg: impl ToString) -> StorageError {
     StorageIOError::write_state_machine(AnyError::error(msg)).into()
 }
@@ -200,6 +254,13 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapBuilder {
         // members under load). The copy is O(1): the key store is a persistent B-tree whose
         // nodes stay shared until the next write to each (`baton_core::mvcc::KeyMap`); the
         // small tables (leases, locks, fences, sessions) are copied.
+        // Not even started without room for it: on a full disk openraft asks again after
+        // every apply, and copying and encoding the state each time would be for nothing.
+        if !self.shared.snapshot_fits() {
+            return Ok(self
+                .shared
+                .defer_snapshot("too little free space to start one"));
+        }
         let started = std::time::Instant::now();
         let (meta, sm) = {
             let st = self.shared.state.read();
@@ -229,12 +290,22 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapBuilder {
         })
         .await
         .map_err(|e| sm_err(format!("snapshot writer panicked: {e}")))?;
-        res.map_err(|e| {
-            StorageError::from(StorageIOError::write_snapshot(
-                Some(meta.signature()),
-                AnyError::new(&e),
-            ))
-        })?;
+        match res {
+            Ok(()) => self.shared.space.set_snapshot_blocked(false),
+            // The partial file is gone (`files::write_atomic`); the old snapshot still
+            // stands and the log behind it is kept.
+            Err(e) if space::is_enospc(&e) => {
+                return Ok(self
+                    .shared
+                    .defer_snapshot("the file system filled up while writing"));
+            }
+            Err(e) => {
+                return Err(StorageError::from(StorageIOError::write_snapshot(
+                    Some(meta.signature()),
+                    AnyError::new(&e),
+                )))
+            }
+        }
         tracing::info!(
             last_log_id = ?meta.last_log_id,
             bytes,
@@ -340,17 +411,37 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         let body = snapshot.into_inner();
         let sm = StateMachine::restore(&body)
             .map_err(|e| sm_err(format!("received snapshot does not restore: {e}")))?;
-        let shared = self.shared.clone();
-        let m = meta.clone();
-        tokio::task::spawn_blocking(move || shared.persist_snapshot(&m, &body))
-            .await
-            .map_err(|e| sm_err(format!("snapshot writer panicked: {e}")))?
-            .map_err(|e| {
-                StorageError::from(StorageIOError::write_snapshot(
-                    Some(meta.signature()),
-                    AnyError::new(&e),
-                ))
-            })?;
+        // On a full disk the leader's snapshot is retried until it is written (the state
+        // machine worker waits; the core and replication stay alive): installing it only in
+        // memory would let openraft purge a log that no file on disk replaces.
+        let body = Arc::new(body);
+        let mut backoff = INSTALL_RETRY_MIN;
+        loop {
+            let shared = self.shared.clone();
+            let m = meta.clone();
+            let b = body.clone();
+            let res = tokio::task::spawn_blocking(move || shared.persist_snapshot(&m, &b))
+                .await
+                .map_err(|e| sm_err(format!("snapshot writer panicked: {e}")))?;
+            match res {
+                Ok(()) => break,
+                Err(e) if space::is_enospc(&e) => {
+                    self.shared.space.set_snapshot_blocked(true);
+                    if self.shared.space.snapshot_log.allow() {
+                        tracing::warn!(error = %e, bytes = body.len(), "no room for the leader's snapshot; retrying until space is freed");
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(INSTALL_RETRY_MAX);
+                }
+                Err(e) => {
+                    return Err(StorageError::from(StorageIOError::write_snapshot(
+                        Some(meta.signature()),
+                        AnyError::new(&e),
+                    )))
+                }
+            }
+        }
+        self.shared.space.set_snapshot_blocked(false);
         let rev = {
             let mut st = self.shared.state.write();
             st.sm = sm;

@@ -72,6 +72,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::env::DiskHooks;
 use crate::files::{self, VOTE_MAGIC};
+use crate::space;
 use crate::types::{LogId, RaftEntry, StorageError, TypeConfig, Vote};
 use crate::StartError;
 
@@ -821,6 +822,9 @@ enum Op {
     Stop {
         done: oneshot::Sender<io::Result<()>>,
     },
+    /// A batch whose write failed with `ENOSPC`, put back in front of the backlog to be
+    /// written again (see [`Writer::backlog`]).
+    Retry(Pending),
 }
 
 impl Op {
@@ -830,6 +834,7 @@ impl Op {
             | Op::Write { bytes }
             | Op::Rewrite { bytes, .. }
             | Op::SaveVote { bytes, .. } => bytes.len(),
+            Op::Retry(p) => p.buf.len(),
             Op::Stop { .. } => 0,
         }
     }
@@ -861,11 +866,18 @@ struct Writer {
     hooks: Option<Arc<dyn DiskHooks>>,
     /// Updated after every fsync and rewrite.
     durable: Durable,
+    /// Operations not carried out yet because the file system was full, in order; the
+    /// first is retried before anything newer (see [`Writer::process`]).
+    backlog: VecDeque<Op>,
+    /// `backlog` is not empty; shared with [`SharedWriter::stalled`] and the disk watch.
+    stalled: Arc<AtomicBool>,
+    /// When the writer last warned about a full disk (at most every `space::LOG_EVERY`).
+    stall_warned: Option<Instant>,
 }
 
 /// What a batch accumulates before its single write + fsync.
 #[derive(Default)]
-struct Pending {
+pub(crate) struct Pending {
     buf: Vec<u8>,
     appended: Vec<(Option<LogFlushed<TypeConfig>>, u64)>,
 }
@@ -929,10 +941,17 @@ impl Writer {
 
     /// Writes one batch of operations (one write and at most one fsync unless the batch
     /// holds a vote or a rewrite); returns whether the writer was told to stop.
+    ///
+    /// A full file system (`ENOSPC`) is not an error here: the batch that failed goes back
+    /// in front of [`Writer::backlog`] with everything after it, nothing of it is
+    /// acknowledged, and the next call (new work, or the disk watch's empty poke) tries again
+    /// in the same order. The bytes are written again at the same offset, so a partial write
+    /// before the failure is simply overwritten. openraft waits for the acknowledgements
+    /// meanwhile instead of being handed an error, which would stop its core for good.
     fn process(&mut self, batch: Vec<Op>) -> bool {
+        self.backlog.extend(batch);
         let mut pending = Pending::default();
-        let mut stop = None;
-        for op in batch {
+        while let Some(op) = self.backlog.pop_front() {
             match op {
                 Op::Append {
                     bytes,
@@ -943,34 +962,89 @@ impl Writer {
                     pending.appended.push((done, entries));
                 }
                 Op::Write { bytes } => pending.buf.extend_from_slice(&bytes),
-                Op::Stop { done } => stop = Some(done),
+                Op::Retry(p) => {
+                    pending.buf.extend_from_slice(&p.buf);
+                    pending.appended.extend(p.appended);
+                }
+                Op::Stop { done } => {
+                    let flushed = self.commit(std::mem::take(&mut pending), true);
+                    let res = if flushed {
+                        self.check()
+                    } else {
+                        // Shutting down on a full disk: what is not written was never
+                        // acknowledged, and openraft is stopping anyway.
+                        Err(io::Error::from_raw_os_error(libc::ENOSPC))
+                    };
+                    let _ = done.send(res);
+                    return true;
+                }
                 Op::Rewrite { generation, bytes } => {
-                    self.commit(std::mem::take(&mut pending), false);
-                    if let Err(e) = self.rewrite(generation, &bytes) {
-                        self.fail(&e);
+                    if !self.commit(std::mem::take(&mut pending), false) {
+                        self.backlog.insert(1, Op::Rewrite { generation, bytes });
+                        return false;
+                    }
+                    match self.rewrite(generation, &bytes) {
+                        Ok(()) => {}
+                        Err(e) if space::is_enospc(&e) => {
+                            self.stall(&e, Op::Rewrite { generation, bytes });
+                            return false;
+                        }
+                        Err(e) => self.fail(&e),
                     }
                 }
                 Op::SaveVote { bytes, done } => {
                     // Serialized with the log as openraft requires: earlier appends are made
                     // durable first.
-                    self.commit(std::mem::take(&mut pending), true);
+                    if !self.commit(std::mem::take(&mut pending), true) {
+                        self.backlog.insert(1, Op::SaveVote { bytes, done });
+                        return false;
+                    }
                     let res = self
                         .check()
                         .and_then(|()| files::write_atomic(&self.vote_path, &bytes));
-                    if let Err(e) = &res {
-                        self.fail(e);
+                    match res {
+                        Err(e) if space::is_enospc(&e) => {
+                            self.stall(&e, Op::SaveVote { bytes, done });
+                            return false;
+                        }
+                        Err(e) => {
+                            self.fail(&e);
+                            let _ = done.send(Err(e));
+                        }
+                        Ok(()) => {
+                            let _ = done.send(Ok(()));
+                        }
                     }
-                    let _ = done.send(res);
                 }
             }
         }
-        let stopping = stop.is_some();
-        self.commit(pending, stopping);
-        if let Some(done) = stop {
-            let _ = done.send(self.check());
-            return true;
+        self.commit(pending, false);
+        if self.backlog.is_empty() && self.stalled.swap(false, Ordering::AcqRel) {
+            tracing::info!("raft log writable again; the writes held back are durable");
         }
         false
+    }
+
+    /// Puts `op` back in front of the backlog after `ENOSPC`, marks the writer stalled and
+    /// warns (at most every `space::LOG_EVERY`: the disk watch retries every tick).
+    fn stall(&mut self, e: &io::Error, op: Op) {
+        self.backlog.push_front(op);
+        let first = !self.stalled.swap(true, Ordering::AcqRel);
+        let now = Instant::now();
+        if first
+            || self
+                .stall_warned
+                .is_none_or(|t| now - t >= space::LOG_EVERY)
+        {
+            self.stall_warned = Some(now);
+            tracing::warn!(
+                error = %e,
+                held_back = self.backlog.len(),
+                "raft log cannot grow: the file system is full; holding its writes back \
+                 (nothing of them is acknowledged) and retrying until space is freed"
+            );
+        }
+        metrics::counter!("baton_wal_enospc_total").increment(1);
     }
 
     /// Tells the hooks (if any) that the current generation is durable through its end.
@@ -1000,10 +1074,22 @@ impl Writer {
         }
     }
 
-    /// Writes the batch, fsyncs if anyone waits (or `force`), then acknowledges.
-    fn commit(&mut self, p: Pending, force: bool) {
+    /// Writes the batch, fsyncs if anyone waits (or `force`), then acknowledges. Returns
+    /// `false` if the file system was full: the batch is then back in front of the backlog,
+    /// unacknowledged (see [`Writer::process`]).
+    fn commit(&mut self, p: Pending, force: bool) -> bool {
         let need_sync = force || !p.appended.is_empty();
-        let res = self.write(&p.buf).and_then(|()| {
+        if let Err(e) = self.write(&p.buf) {
+            if space::is_enospc(&e) {
+                self.stall(&e, Op::Retry(p));
+                return false;
+            }
+            self.fail(&e);
+        }
+        // A failed fsync stays fatal, ENOSPC or not: after it the page cache no longer
+        // tells what is on disk (see `failed`). Writes go to preallocated space, so a full
+        // file system shows up at fallocate, above, not here.
+        let res = self.check().and_then(|()| {
             if need_sync && self.dirty {
                 self.fsync()
             } else {
@@ -1028,6 +1114,7 @@ impl Writer {
                 }
             }
         }
+        true
     }
 
     fn write(&mut self, buf: &[u8]) -> io::Result<()> {
@@ -1068,6 +1155,23 @@ impl Writer {
             return Ok(());
         }
         let e = io::Error::last_os_error();
+        if space::is_enospc(&e) && end > self.allocated {
+            // No room for a whole step: allocate just what this write needs, so the last
+            // megabyte of a nearly full disk still takes deletes and the alarm.
+            // SAFETY: as above.
+            let rc = unsafe {
+                libc::fallocate(
+                    self.file.as_raw_fd(),
+                    0,
+                    self.allocated as libc::off_t,
+                    (end - self.allocated) as libc::off_t,
+                )
+            };
+            if rc == 0 {
+                self.allocated = end;
+                return Ok(());
+            }
+        }
         match e.raw_os_error() {
             // Not supported here (some filesystems): fall back to growing with each write.
             Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => {
@@ -1133,6 +1237,8 @@ pub(crate) struct WalHandle {
     /// The in-memory log, read-only here: the committed id written at shutdown and the
     /// size-based snapshot trigger.
     mem: Arc<RwLock<MemLog>>,
+    /// The writer holds writes back because the file system is full.
+    stalled: Arc<AtomicBool>,
 }
 
 impl WalHandle {
@@ -1140,6 +1246,19 @@ impl WalHandle {
     /// compares, as a vote does.
     pub(crate) fn last_log_id(&self) -> Option<LogId> {
         self.mem.read().last_log_id()
+    }
+
+    /// Whether the writer holds writes back on a full file system (see `Writer::process`).
+    pub(crate) fn stalled(&self) -> bool {
+        self.stalled.load(Ordering::Acquire)
+    }
+
+    /// Makes a stalled writer try its held-back writes again (the disk watch's tick): an
+    /// empty write, which queues behind nothing new and changes nothing.
+    pub(crate) fn retry_stalled(&self) {
+        if self.stalled() {
+            let _ = self.sink.send(Op::Write { bytes: Vec::new() });
+        }
     }
 
     /// Encoded bytes of the in-memory log after `index`.
@@ -1195,6 +1314,9 @@ struct SharedWriter {
     queued: AtomicUsize,
     /// The last fsync took longer than [`INLINE_MAX_FSYNC`].
     disk_slow: Arc<AtomicBool>,
+    /// The writer holds writes back on a full disk: nothing runs inline (a retry must not
+    /// happen on the Raft core task, and order needs the backlog first).
+    stalled: Arc<AtomicBool>,
 }
 
 /// How operations reach the writer: queued for its thread (or task), or carried out at once.
@@ -1218,6 +1340,7 @@ impl Sink {
         if small
             && shared.queued.load(Ordering::Acquire) == 0
             && !shared.disk_slow.load(Ordering::Relaxed)
+            && !shared.stalled.load(Ordering::Acquire)
         {
             let mut guard = shared.writer.lock();
             if shared.queued.load(Ordering::Acquire) == 0 {
@@ -1277,7 +1400,11 @@ pub(crate) fn open(
         disk_slow: Arc::new(AtomicBool::new(false)),
         hooks,
         durable: Arc::new(Mutex::new((rec.generation, rec.file_len))),
+        backlog: VecDeque::new(),
+        stalled: Arc::new(AtomicBool::new(false)),
+        stall_warned: None,
     };
+    let stalled = writer.stalled.clone();
     let durable = writer.durable.clone();
     let (tx, rx) = mpsc::unbounded_channel();
     let (sink, thread) = if writer.hooks.is_some() {
@@ -1287,6 +1414,7 @@ pub(crate) fn open(
     } else {
         let shared = Arc::new(SharedWriter {
             disk_slow: writer.disk_slow.clone(),
+            stalled: writer.stalled.clone(),
             writer: Mutex::new(Some(writer)),
             queued: AtomicUsize::new(0),
         });
@@ -1319,6 +1447,7 @@ pub(crate) fn open(
             mem,
             thread: Mutex::new(Some(thread)),
             stats,
+            stalled,
         },
     ))
 }
@@ -1914,6 +2043,103 @@ mod tests {
     /// The on-disk positions the log store knows.
     fn locs(store: &LogStore) -> Vec<Loc> {
         store.mem.read().metas.iter().map(|m| m.loc).collect()
+    }
+
+    /// A small tmpfs mounted for one test and unmounted when dropped (root only).
+    struct SmallFs {
+        dir: tempfile::TempDir,
+    }
+
+    impl SmallFs {
+        fn mount(size: &str) -> Option<SmallFs> {
+            // SAFETY: geteuid has no preconditions.
+            if unsafe { libc::geteuid() } != 0 {
+                eprintln!("not root: cannot mount a small file system; skipped");
+                return None;
+            }
+            let dir = tempfile::tempdir().unwrap();
+            let ok = std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+                .arg(dir.path())
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "mount a {size} tmpfs");
+            Some(SmallFs { dir })
+        }
+
+        /// Fills the file system with `path` until it is full.
+        fn fill(&self, path: &Path) {
+            use std::io::Write;
+            let mut f = File::create(path).unwrap();
+            let chunk = vec![0xa5u8; 16 << 10];
+            while f.write_all(&chunk).is_ok() {}
+            let _ = f.flush();
+        }
+    }
+
+    impl Drop for SmallFs {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(self.dir.path())
+                .status();
+        }
+    }
+
+    /// A full file system stalls the writer instead of failing it: the appends are neither
+    /// acknowledged nor refused, and once space is freed (and the writer poked) they are
+    /// written in order and everything after them works; nothing is lost across a restart.
+    #[tokio::test]
+    async fn a_full_disk_stalls_the_writer_until_space_is_freed() {
+        let Some(fs_) = SmallFs::mount("4m") else {
+            return;
+        };
+        let raft_dir = fs_.dir.path().join("raft");
+        fs::create_dir_all(&raft_dir).unwrap();
+        let es: Vec<RaftEntry> = (0..40).map(|i| big_entry(1, i, 48 << 10)).collect();
+        let (mut store, wal) = open(&raft_dir, recover(&raft_dir).unwrap(), None).unwrap();
+        append_durably(&mut store, &es[..10]).await;
+        let filler = fs_.dir.path().join("filler");
+        fs_.fill(&filler);
+        // Past the preallocated megabyte: the log must grow, and cannot.
+        for e in &es[10..] {
+            store.append_entries(vec![e.clone()], None).ok().unwrap();
+        }
+        let durable_before = *store.durable.lock();
+        let t = std::time::Instant::now();
+        while !wal.stalled() && t.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(wal.stalled(), "the writer did not notice the full disk");
+        wal.retry_stalled();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(wal.stalled(), "still full");
+        assert_eq!(
+            *store.durable.lock(),
+            durable_before,
+            "nothing more is durable"
+        );
+        // Readable from memory meanwhile, as openraft requires.
+        assert_eq!(all_entries(&mut store).await, es);
+
+        fs::remove_file(&filler).unwrap();
+        wal.retry_stalled();
+        // The vote is ordered after every held-back append: saved means they are durable.
+        tokio::time::timeout(Duration::from_secs(5), store.save_vote(&Vote::new(1, 1)))
+            .await
+            .expect("the writer resumed")
+            .expect("vote saved");
+        assert!(!wal.stalled());
+        let more: Vec<RaftEntry> = (40..50).map(|i| big_entry(1, i, 48 << 10)).collect();
+        append_durably(&mut store, &more).await;
+        wal.stop().await;
+        drop(store);
+        let (mut store, wal) = open(&raft_dir, recover(&raft_dir).unwrap(), None).unwrap();
+        let back = all_entries(&mut store).await;
+        assert_eq!(back.len(), 50);
+        assert_eq!(back[..40], es[..]);
+        wal.stop().await;
     }
 
     #[tokio::test]

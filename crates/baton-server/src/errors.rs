@@ -21,6 +21,11 @@ pub const TIMED_OUT_LEADER_FAIL: &str =
 pub const NOT_SUPPORTED_FOR_LEARNER: &str = "etcdserver: rpc not supported for learner";
 /// etcd's message for an oversized request.
 pub const TOO_LARGE: &str = "etcdserver: request is too large";
+/// etcd's `ErrGRPCNoSpace` (code `ResourceExhausted`): a `NOSPACE` alarm is raised, or this
+/// member's disk is nearly full, and the request would add data.
+pub const NO_SPACE: &str = "etcdserver: mvcc: database space exceeded";
+/// etcd's `ErrGRPCStopped` (code `Unavailable`).
+pub const STOPPED: &str = "etcdserver: server stopped";
 
 /// etcd's v3election errors. etcd returns them as plain Go errors, which gRPC reports with
 /// code `Unknown`; clients match the text, so Baton sends the same code and text.
@@ -56,6 +61,7 @@ pub fn kv_status(err: &KvError) -> Status {
         // cannot succeed, and whether an earlier attempt was applied is unknown.
         KvError::UnknownClient | KvError::StaleSequence => Code::FailedPrecondition,
         KvError::InvalidSequence | KvError::NotDeduplicable => Code::InvalidArgument,
+        KvError::NoSpace => Code::ResourceExhausted,
     };
     Status::new(code, err.to_string())
 }
@@ -117,10 +123,12 @@ pub fn propose_status(err: &ProposeError) -> Status {
         ProposeError::NoLeader | ProposeError::NotLeader { .. } => Status::unavailable(NO_LEADER),
         ProposeError::LeaderChanged => Status::unavailable(LEADER_CHANGED),
         ProposeError::Timeout => Status::unavailable(TIMED_OUT),
-        ProposeError::ShuttingDown => Status::unavailable("etcdserver: server stopped"),
-        ProposeError::Storage(msg) => {
-            Status::internal(format!("etcdserver: storage failure: {msg}"))
-        }
+        ProposeError::ShuttingDown => Status::unavailable(STOPPED),
+        // The replica's Raft core has stopped on a storage error (logged where it
+        // happened): it serves nothing that needs Raft any more, which is what etcd says
+        // of a stopped server. openraft's own description never reaches a client.
+        ProposeError::Storage(_) => Status::unavailable(STOPPED),
+        ProposeError::NoSpace => Status::resource_exhausted(NO_SPACE),
         ProposeError::LeaderFailed(_) => Status::unavailable(TIMED_OUT_LEADER_FAIL),
         ProposeError::MembershipChange(msg) => {
             Status::failed_precondition(format!("baton: membership change refused: {msg}"))
@@ -296,5 +304,26 @@ mod tests {
         let s = lock_status(&LockError::FencingTokenRejected);
         assert_eq!(s.code(), Code::FailedPrecondition);
         assert_eq!(s.message(), "baton: fencing token rejected");
+    }
+
+    /// etcd's `ErrGRPCNoSpace`, whether the refusal came from this member's disk watch
+    /// (before proposing) or from the replicated alarm (at apply); and a stopped Raft core
+    /// never shows openraft's debug text.
+    #[test]
+    fn a_full_disk_is_etcds_no_space_and_storage_failures_say_stopped() {
+        for s in [
+            kv_status(&KvError::NoSpace),
+            propose_status(&ProposeError::NoSpace),
+        ] {
+            assert_eq!(s.code(), Code::ResourceExhausted);
+            assert_eq!(s.message(), "etcdserver: mvcc: database space exceeded");
+        }
+        let s = propose_status(&ProposeError::Storage(
+            "when Write Snapshot(Some(..)): No space left on device".into(),
+        ));
+        assert_eq!(
+            (s.code(), s.message()),
+            (Code::Unavailable, "etcdserver: server stopped")
+        );
     }
 }

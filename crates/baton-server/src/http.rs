@@ -26,20 +26,34 @@ pub fn router(shared: Shared, metrics: PrometheusHandle) -> Router {
         .with_state(HttpState { shared, metrics })
 }
 
-/// Healthy when this member has a leader and a linearizable read goes through, as etcd's
-/// `/health` (which does a quorum read) reports.
+/// Healthy when no alarm is raised, this member has a leader and a linearizable read goes
+/// through, as etcd's `/health` (which does a quorum read) reports; a raised alarm answers
+/// as etcd 3.5 does (`"reason":"ALARM NOSPACE"`, 503).
 async fn health(State(st): State<HttpState>) -> impl IntoResponse {
+    let alarm = st
+        .shared
+        .node
+        .read(|sm| sm.alarms().first().map(|(_, a)| a.name()));
+    if let Some(name) = alarm {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(r#"{{"health":"false","reason":"ALARM {name}"}}"#),
+        );
+    }
     let ok = st.shared.node.status().leader_id.is_some()
         && tokio::time::timeout(std::time::Duration::from_secs(2), st.shared.read_barrier())
             .await
             .map(|r| r.is_ok())
             .unwrap_or(false);
     if ok {
-        (StatusCode::OK, r#"{"health":"true","reason":""}"#)
+        (
+            StatusCode::OK,
+            r#"{"health":"true","reason":""}"#.to_string(),
+        )
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            r#"{"health":"false","reason":"no leader or quorum read failed"}"#,
+            r#"{"health":"false","reason":"no leader or quorum read failed"}"#.to_string(),
         )
     }
 }

@@ -3,12 +3,32 @@
 
 use std::pin::Pin;
 
+use baton_core::{AlarmAction, AlarmType, Command, Response};
 use baton_proto::etcdserverpb as pb;
 use futures::Stream;
 use tonic::{Request, Status};
 
 use crate::errors::{kv_status, not_supported};
 use crate::Shared;
+
+/// The core's alarm for etcd's `AlarmType` (`None` for `NONE`, "any", and for alarms Baton
+/// never raises).
+fn core_alarm(alarm: pb::AlarmType) -> Option<AlarmType> {
+    match alarm {
+        pb::AlarmType::Nospace => Some(AlarmType::NoSpace),
+        pb::AlarmType::None | pb::AlarmType::Corrupt => None,
+    }
+}
+
+fn alarm_member((member_id, alarm): (u64, AlarmType)) -> pb::AlarmMember {
+    let alarm = match alarm {
+        AlarmType::NoSpace => pb::AlarmType::Nospace,
+    };
+    pb::AlarmMember {
+        member_id,
+        alarm: alarm as i32,
+    }
+}
 
 /// The etcd API version Baton speaks; `etcdctl endpoint status` prints it.
 pub const ETCD_API_VERSION: &str = "3.5.0";
@@ -24,16 +44,59 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         &self,
         request: Request<pb::AlarmRequest>,
     ) -> Result<tonic::Response<pb::AlarmResponse>, Status> {
-        use pb::alarm_request::AlarmAction;
+        use pb::alarm_request::AlarmAction as Action;
         let req = request.into_inner();
-        // Baton raises no alarms yet (no space quota); activating one by hand is refused
-        // rather than silently ignored.
-        if req.action() == AlarmAction::Activate {
-            return Err(not_supported("activating alarms"));
-        }
+        let alarms = match req.action() {
+            // A raised alarm stops every write of the cluster, so only a member's own disk
+            // watch raises one (a leader duty, see baton-raft's `origin`); etcd lets any
+            // client do it.
+            Action::Activate => {
+                return Err(not_supported(
+                    "raising alarms by request (a member raises NOSPACE itself)",
+                ))
+            }
+            // etcd's GET goes through Raft; a read barrier is the same guarantee.
+            Action::Get => {
+                self.shared.read_barrier().await?;
+                let wanted = core_alarm(req.alarm());
+                self.shared.node.read(|sm| {
+                    sm.alarms()
+                        .into_iter()
+                        .filter(|(_, a)| req.alarm() == pb::AlarmType::None || Some(*a) == wanted)
+                        .map(alarm_member)
+                        .collect()
+                })
+            }
+            // Exactly (member, alarm), as etcd's `Deactivate`; `etcdctl alarm disarm` lists
+            // the alarms first and deactivates each.
+            Action::Deactivate => match core_alarm(req.alarm()) {
+                None => Vec::new(),
+                Some(alarm) => {
+                    let proposed = self
+                        .shared
+                        .propose(Command::Alarm {
+                            action: AlarmAction::Deactivate,
+                            member_id: req.member_id,
+                            alarm,
+                        })
+                        .await?;
+                    match proposed.applied.response {
+                        Response::Alarm { changed } => {
+                            changed.into_iter().map(alarm_member).collect()
+                        }
+                        Response::Error(e) => return Err(kv_status(&e)),
+                        other => {
+                            return Err(Status::internal(format!(
+                                "baton: unexpected answer to an alarm: {other:?}"
+                            )))
+                        }
+                    }
+                }
+            },
+        };
         Ok(tonic::Response::new(pb::AlarmResponse {
             header: Some(self.shared.header()),
-            alarms: Vec::new(),
+            alarms,
         }))
     }
 

@@ -74,6 +74,13 @@ pub struct ServeArgs {
     /// Take a snapshot and trim the log after this many entries.
     #[arg(long, default_value_t = 10_000)]
     snapshot_count: u64,
+    /// Free bytes to keep on the data directory's file system (default 64 MiB). Below it
+    /// the member refuses writes that add data with etcd's "database space exceeded" and
+    /// raises the NOSPACE alarm; reads, deletes and compaction go on, and the alarm clears
+    /// itself once a quarter more than this is free again. 0 disables the check (a full
+    /// disk still raises the alarm).
+    #[arg(long, default_value_t = baton_raft::DEFAULT_SPACE_RESERVE_BYTES)]
+    disk_reserve_bytes: u64,
     /// How often (milliseconds) the leader writes the remaining TTL of leases longer than
     /// this interval to the log, so a new leader continues their countdown (etcd's lease
     /// checkpoints, always on here). Lower it only to test failovers.
@@ -218,6 +225,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
     node_config.heartbeat_interval = Duration::from_millis(args.heartbeat_interval);
     node_config.election_timeout = election_timeout;
     node_config.snapshot_every_entries = args.snapshot_count;
+    node_config.disk_reserve_bytes = args.disk_reserve_bytes;
     node_config.lease_checkpoint_interval =
         Duration::from_millis(args.experimental_lease_checkpoint_interval);
     node_config.cluster = cluster;

@@ -1,0 +1,233 @@
+//! The disk watch: a full disk is a `NOSPACE` alarm, not a wedged member (issue 14).
+//!
+//! openraft 0.9 stops its core for good on the first storage error it is handed, so a member
+//! whose disk filled up used to stay up answering every write and linearizable read with a
+//! raw openraft error until restarted (and a restart needed room for a whole snapshot before
+//! it served anything). Instead:
+//!
+//! - **Before the disk is full**, every `LEASE_TICK` a member looks at the free space of its
+//!   data directory's file system (`statvfs`). Below the reserve
+//!   ([`DEFAULT_SPACE_RESERVE_BYTES`], `--disk-reserve-bytes`) its space is *low*; it also is
+//!   while the log writer is stalled on `ENOSPC` or a snapshot did not fit (see below). The
+//!   reserve is room for what must still be written while writes are refused: the alarm
+//!   entry, deletes, compaction, a vote, the log's preallocation steps.
+//! - **Low space refuses writes that add data** on this member at once
+//!   (`ProposeError::NoSpace`, etcd's `etcdserver: mvcc: database space exceeded`), and the
+//!   leader raises `NOSPACE` for itself through the log (`Command::Alarm`, a leader duty):
+//!   every replica then refuses them in `apply`, and `etcdctl alarm list` shows it. Reads,
+//!   deletes and compaction go on.
+//! - **`ENOSPC` is never an error handed to openraft.** The log writer keeps what it could
+//!   not write and retries (the tick pokes it) without acknowledging anything; a snapshot
+//!   that does not fit is not attempted (or its partial file is removed) and openraft is
+//!   answered with the snapshot already on disk, which it ignores as not newer. Nothing is
+//!   acknowledged that is not durable, so nothing acknowledged is lost either way.
+//! - **Recovery is automatic**: once free space is back above the reserve plus a quarter
+//!   (hysteresis, so the alarm does not flap at the threshold), the writer is unstalled and
+//!   a snapshot fits, the member clears the alarm it raised (also from a follower: clearing
+//!   is a client's request too, `etcdctl alarm disarm`).
+//!
+//! With injected disk hooks (the simulation) free space is not measured: the simulated disk
+//! is never full.
+
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+/// Default free-space reserve of the data directory's file system: 64 MiB. Big enough for
+/// what is written while writes are refused (an alarm entry is ~100 bytes, a delete or
+/// compaction a few hundred, the log grows in 1 MiB preallocated steps) many times over,
+/// and small enough that a test on a 200 MB file system reaches it. etcd's comparable limit
+/// is its 2 GiB backend quota, which bounds the database rather than the disk; a disk much
+/// smaller than Baton's state needs `--disk-reserve-bytes` lowered, one shared with other
+/// data raised.
+pub const DEFAULT_SPACE_RESERVE_BYTES: u64 = 64 << 20;
+
+/// How often at most the disk watch repeats the same warning.
+pub(crate) const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Whether `e` says the file system (or the user's quota) is full.
+pub(crate) fn is_enospc(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
+
+/// Bytes an unprivileged writer may still allocate on the file system holding `dir`.
+pub(crate) fn free_bytes(dir: &Path) -> io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `path` is a valid NUL-terminated string and `st` points to writable memory
+    // of the right type; statvfs initializes it when it returns 0.
+    let rc = unsafe { libc::statvfs(path.as_ptr(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: initialized by the successful call above.
+    let st = unsafe { st.assume_init() };
+    // The field types are narrower on 32-bit targets.
+    #[allow(clippy::unnecessary_cast)]
+    let (blocks, size) = (st.f_bavail as u64, st.f_frsize as u64);
+    Ok(blocks.saturating_mul(size))
+}
+
+/// The low-space decision, pure. `free`: bytes free (`None`: not measured); `blocked`: the
+/// log writer is stalled on `ENOSPC` or the last snapshot did not fit. Space turns low below
+/// `reserve` and turns back only at `reserve * 5/4`, so a member hovering at the threshold
+/// does not raise and clear its alarm every tick. A zero reserve disables the measurement
+/// (`ENOSPC` still counts).
+pub(crate) fn judge(free: Option<u64>, reserve: u64, was_low: bool, blocked: bool) -> bool {
+    if blocked {
+        return true;
+    }
+    let Some(free) = free else {
+        return false;
+    };
+    if reserve == 0 {
+        return false;
+    }
+    let threshold = if was_low {
+        reserve.saturating_add(reserve / 4)
+    } else {
+        reserve
+    };
+    free < threshold
+}
+
+/// Whether a snapshot of about `estimate` bytes fits in `free`, keeping a quarter of the
+/// reserve (at least 1 MiB, a log preallocation step) for the log meanwhile.
+pub(crate) fn snapshot_fits(free: Option<u64>, reserve: u64, estimate: u64) -> bool {
+    free.is_none_or(|free| free >= estimate.saturating_add((reserve / 4).max(1 << 20)))
+}
+
+/// A log line at most every [`LOG_EVERY`].
+#[derive(Default)]
+pub(crate) struct RateLimit {
+    last: Mutex<Option<Instant>>,
+}
+
+impl RateLimit {
+    pub(crate) fn allow(&self) -> bool {
+        let mut last = self.last.lock();
+        let now = Instant::now();
+        if last.is_some_and(|t| now.duration_since(t) < LOG_EVERY) {
+            return false;
+        }
+        *last = Some(now);
+        true
+    }
+}
+
+/// What the disk watch knows, shared by the tick, the snapshot builder and `propose`.
+pub(crate) struct Space {
+    /// `--disk-reserve-bytes`.
+    pub(crate) reserve: u64,
+    /// Measure free space with statvfs (not with injected disk hooks).
+    measure: bool,
+    /// Free bytes at the last measurement (`u64::MAX`: not measured).
+    free: AtomicU64,
+    /// The last judgement: writes that add data are refused on this member.
+    low: AtomicBool,
+    /// A snapshot was not written for lack of room since the last one that was.
+    snapshot_blocked: AtomicBool,
+    /// Warnings of the snapshot builder.
+    pub(crate) snapshot_log: RateLimit,
+}
+
+impl Space {
+    pub(crate) fn new(reserve: u64, measure: bool) -> Self {
+        Space {
+            reserve,
+            measure,
+            free: AtomicU64::new(u64::MAX),
+            low: AtomicBool::new(false),
+            snapshot_blocked: AtomicBool::new(false),
+            snapshot_log: RateLimit::default(),
+        }
+    }
+
+    /// Measures the free space of `dir`'s file system now (`None`: not measured, or the
+    /// measurement failed, which is not taken as a full disk).
+    pub(crate) fn measure(&self, dir: &Path) -> Option<u64> {
+        let free = if self.measure {
+            free_bytes(dir).ok()
+        } else {
+            None
+        };
+        self.free.store(free.unwrap_or(u64::MAX), Ordering::Relaxed);
+        free
+    }
+
+    /// The free bytes of the last measurement.
+    pub(crate) fn last_free(&self) -> Option<u64> {
+        Some(self.free.load(Ordering::Relaxed)).filter(|f| *f != u64::MAX)
+    }
+
+    pub(crate) fn is_low(&self) -> bool {
+        self.low.load(Ordering::Acquire)
+    }
+
+    /// Records the judgement; returns the previous one.
+    pub(crate) fn set_low(&self, low: bool) -> bool {
+        self.low.swap(low, Ordering::AcqRel)
+    }
+
+    pub(crate) fn snapshot_blocked(&self) -> bool {
+        self.snapshot_blocked.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_snapshot_blocked(&self, blocked: bool) {
+        self.snapshot_blocked.store(blocked, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn low_below_the_reserve_and_back_only_above_it_with_margin() {
+        let r = 100;
+        assert!(!judge(Some(100), r, false, false));
+        assert!(judge(Some(99), r, false, false));
+        // Once low, it takes a quarter more to clear.
+        assert!(judge(Some(100), r, true, false));
+        assert!(judge(Some(124), r, true, false));
+        assert!(!judge(Some(125), r, true, false));
+        // A stalled writer or a snapshot that did not fit is low whatever statvfs says.
+        assert!(judge(Some(u64::MAX), r, false, true));
+        assert!(judge(None, r, false, true));
+        // Not measured, or no reserve: only ENOSPC counts.
+        assert!(!judge(None, r, true, false));
+        assert!(!judge(Some(0), 0, true, false));
+    }
+
+    #[test]
+    fn a_snapshot_fits_with_room_left_for_the_log() {
+        let mib = 1 << 20;
+        assert!(snapshot_fits(None, 64 * mib, u64::MAX / 2));
+        assert!(snapshot_fits(Some(26 * mib), 64 * mib, 10 * mib));
+        assert!(!snapshot_fits(Some(26 * mib - 1), 64 * mib, 10 * mib));
+        // At least one preallocation step stays free.
+        assert!(!snapshot_fits(Some(10 * mib), 0, 10 * mib));
+    }
+
+    #[test]
+    fn free_bytes_reads_this_file_system() {
+        let dir = tempfile::tempdir().unwrap();
+        let free = free_bytes(dir.path()).unwrap();
+        assert!(free > 0);
+        assert!(free_bytes(&dir.path().join("missing")).is_err());
+    }
+
+    #[test]
+    fn enospc_and_quota_are_full_disks_and_nothing_else_is() {
+        assert!(is_enospc(&io::Error::from_raw_os_error(libc::ENOSPC)));
+        assert!(is_enospc(&io::Error::from_raw_os_error(libc::EDQUOT)));
+        assert!(!is_enospc(&io::Error::from_raw_os_error(libc::EIO)));
+        assert!(!is_enospc(&io::Error::other("no space")));
+    }
+}
