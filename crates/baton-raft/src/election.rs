@@ -79,7 +79,7 @@ impl Inner {
                     state: st.server_state,
                     term: vote.leader_id().get_term(),
                     has_leader: vote.is_committed(),
-                    vote_refreshed: st.vote_last_modified().map(Into::into),
+                    vote_refreshed: st.vote_last_modified(),
                     configs: st
                         .membership_state
                         .effective()
