@@ -359,6 +359,16 @@ func conns(args []string) (map[string]interface{}, error) {
 	}, nil
 }
 
+// isDone tells whether the client has given the session up.
+func isDone(s *concurrency.Session) bool {
+	select {
+	case <-s.Done():
+		return true
+	default:
+		return false
+	}
+}
+
 // A stretch of time one client held the lock (by its own clock readings).
 type holding struct{ from, to time.Time }
 
@@ -410,6 +420,11 @@ func lockgap(args []string) (map[string]interface{}, error) {
 				}
 				m := concurrency.NewMutex(s, "load-lockgap")
 				for ctx.Err() == nil {
+					// A session the client already gave up on (its keep-alives went
+					// unanswered for a TTL) is replaced before the next Lock.
+					if isDone(s) {
+						break
+					}
 					if err := m.Lock(ctx); err != nil {
 						break
 					}
@@ -422,10 +437,8 @@ func lockgap(args []string) (map[string]interface{}, error) {
 					mu.Lock()
 					held = append(held, holding{from, to})
 					mu.Unlock()
-					select {
-					case <-s.Done():
+					if isDone(s) {
 						atomic.AddInt64(&sessionsLost, 1)
-					default:
 					}
 					uctx, ucancel := context.WithTimeout(ctx, 10*time.Second)
 					err := m.Unlock(uctx)

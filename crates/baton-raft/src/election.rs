@@ -70,6 +70,17 @@ struct RaftView {
     configs: Vec<BTreeSet<u64>>,
 }
 
+impl RaftView {
+    /// Nothing that decides a campaign moved between `before` and `self`: same state and
+    /// term, and the vote not refreshed (no vote granted, no leader heard).
+    fn unchanged_since(&self, before: &RaftView) -> bool {
+        self.state == before.state
+            && self.term == before.term
+            && self.has_leader == before.has_leader
+            && self.vote_refreshed == before.vote_refreshed
+    }
+}
+
 impl Inner {
     async fn raft_view(&self) -> Option<RaftView> {
         self.raft
@@ -286,6 +297,23 @@ pub(crate) async fn election_loop(node: Weak<Inner>) {
         let term = view.term + 1;
         let campaign = sole_voter
             || match inner.pre_vote_round(term, &view.configs).await {
+                // The answers are only as fresh as the view they were asked from: if this
+                // member voted for someone or heard a leader meanwhile (its vote changed or
+                // was refreshed), a campaign now would start a term above that election's
+                // and depose its winner — two members doing this to each other livelocked
+                // a cluster whose leader was paused. Stand down; the timer starts over.
+                Ok(())
+                    if !inner
+                        .raft_view()
+                        .await
+                        .is_some_and(|now| now.unchanged_since(&view)) =>
+                {
+                    tracing::debug!(
+                        term,
+                        "pre-vote won, but the vote changed meanwhile; not campaigning"
+                    );
+                    false
+                }
                 Ok(()) => {
                     tracing::info!(term, "pre-vote won; campaigning");
                     true
@@ -381,6 +409,27 @@ mod tests {
     /// `follower` with the time supplied later (the table builds views lazily).
     fn follower_at(term: u64, ago: Option<Duration>) -> impl Fn(Instant) -> RaftView {
         move |now| follower(term, ago, now)
+    }
+
+    #[test]
+    fn a_vote_granted_meanwhile_cancels_a_won_pre_vote() {
+        let now = Instant::now() + Duration::from_secs(60);
+        let before = follower(4, None, now);
+        assert!(before.clone().unchanged_since(&before));
+        // It voted for another candidate of term 5 while its own pre-vote was out.
+        let voted = RaftView {
+            term: 5,
+            vote_refreshed: Some(now),
+            ..before.clone()
+        };
+        assert!(!voted.unchanged_since(&before));
+        // It heard a leader of its own term.
+        let heard = RaftView {
+            has_leader: true,
+            vote_refreshed: Some(now),
+            ..before.clone()
+        };
+        assert!(!heard.unchanged_since(&before));
     }
 
     #[test]

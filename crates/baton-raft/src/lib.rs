@@ -628,9 +628,14 @@ impl Node {
         let space = space::Space::new(config.disk_reserve_bytes, config.env.disk.is_none());
         let shared = Arc::new(Shared::new(state, hub, snap_dir, current_snapshot, space));
         let (log_store, wal) = wal::open(&raft_dir, recovered, config.env.disk.clone())?;
+        let credential = config
+            .cluster
+            .as_ref()
+            .map(|c| membership::ClusterCredential::of_token(&c.token));
         let peers = Arc::new(Peers::new(
             member.cluster_id,
             member.member_id,
+            credential,
             config.env.transport.clone(),
         ));
         let raft = match Raft::new(
@@ -691,12 +696,12 @@ impl Node {
             let service = peer_server::PeerService {
                 cluster_id: member.cluster_id,
                 me: member.member_id,
-                join_credential: node
+                cluster_credential: node
                     .inner
                     .config
                     .cluster
                     .as_ref()
-                    .map(|c| membership::JoinCredential::of_token(&c.token)),
+                    .map(|c| membership::ClusterCredential::of_token(&c.token)),
                 raft: node.inner.raft.clone(),
                 node: Arc::downgrade(&node.inner),
             };

@@ -19,7 +19,7 @@
 //! method), finds itself by its advertised peer URLs (as etcd does), adopts the member id and
 //! cluster id from the answer, persists them and waits to be contacted: the leader has been
 //! trying to replicate to it since `MemberAdd` and catches it up by log or snapshot. The
-//! question carries a [`JoinCredential`] of the joiner's `--initial-cluster-token`; a member
+//! question carries a [`ClusterCredential`] of the joiner's `--initial-cluster-token`; a member
 //! answers only its own token's (the membership names every id and peer URL a forger of
 //! peer messages would need).
 //!
@@ -170,40 +170,54 @@ type Plan = (ChangeMembers<u64, Member>, bool, Option<u64>);
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct JoinRequest {
     pub(crate) peer_urls: Vec<String>,
-    pub(crate) credential: JoinCredential,
+    pub(crate) credential: ClusterCredential,
 }
 
-/// What a joiner shows for `--initial-cluster-token`: SHA-256 of the token under a domain
-/// tag, compared by the asked member with the digest of its own token. A digest rather than
+/// What a member (on every peer request, in the envelope) and a joiner (to `Members`) show
+/// for `--initial-cluster-token`: SHA-256 of the token under a domain tag, compared by the
+/// receiver with the digest of its own token. A digest rather than
 /// the token, so a captured request does not hand out the token itself (it also seeds the
 /// member and cluster ids, and an operator may reuse it); a captured digest can still be
 /// replayed to `Members` until peer TLS (a later issue) protects the connection — which is
 /// also what a challenge-response would have needed, for one more round trip.
 #[derive(Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct JoinCredential([u8; 32]);
+pub(crate) struct ClusterCredential([u8; 32]);
 
-impl JoinCredential {
-    pub(crate) fn of_token(token: &str) -> JoinCredential {
+impl ClusterCredential {
+    pub(crate) fn of_token(token: &str) -> ClusterCredential {
         use sha2::Digest;
         let mut h = sha2::Sha256::new();
         h.update(b"baton-join-credential-v1\0");
         h.update(token.as_bytes());
-        JoinCredential(h.finalize().into())
+        ClusterCredential(h.finalize().into())
     }
 
     /// Constant-time, so how long a refusal takes says nothing about how close a guess was.
-    pub(crate) fn matches(&self, other: &JoinCredential) -> bool {
-        self.0
-            .iter()
-            .zip(other.0.iter())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
+    pub(crate) fn matches(&self, other: &ClusterCredential) -> bool {
+        self.matches_bytes(&other.0)
+    }
+
+    /// [`ClusterCredential::matches`] against an envelope's bytes (any length: a wrong
+    /// length never matches).
+    pub(crate) fn matches_bytes(&self, other: &[u8]) -> bool {
+        other.len() == self.0.len()
+            && self
+                .0
+                .iter()
+                .zip(other.iter())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    }
+
+    /// The bytes sent in a `PeerMessage`'s `credential`.
+    pub(crate) fn to_vec(self) -> Vec<u8> {
+        self.0.to_vec()
     }
 }
 
-impl std::fmt::Debug for JoinCredential {
+impl std::fmt::Debug for ClusterCredential {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("JoinCredential(..)")
+        f.write_str("ClusterCredential(..)")
     }
 }
 
@@ -636,7 +650,7 @@ pub(crate) async fn join_existing(
         .collect();
     let request = wire::encode(&JoinRequest {
         peer_urls: config.peer_urls.clone(),
-        credential: JoinCredential::of_token(token),
+        credential: ClusterCredential::of_token(token),
     })
     .map_err(|e| StartError::Raft(e.to_string()))?;
     // Every listed member is asked in each round, and an answer that lists this member wins:
@@ -751,11 +765,11 @@ mod tests {
     }
 
     #[test]
-    fn the_join_credential_is_a_digest_of_the_token() {
-        let a = JoinCredential::of_token("cluster-a");
-        assert!(a.matches(&JoinCredential::of_token("cluster-a")));
-        assert!(!a.matches(&JoinCredential::of_token("cluster-b")));
-        assert!(!a.matches(&JoinCredential::of_token("")));
+    fn the_cluster_credential_is_a_digest_of_the_token() {
+        let a = ClusterCredential::of_token("cluster-a");
+        assert!(a.matches(&ClusterCredential::of_token("cluster-a")));
+        assert!(!a.matches(&ClusterCredential::of_token("cluster-b")));
+        assert!(!a.matches(&ClusterCredential::of_token("")));
         // The token does not appear in what the joiner sends, nor in logs.
         let bytes = wire::encode(&JoinRequest {
             peer_urls: vec!["http://127.0.0.1:2380".into()],
@@ -763,7 +777,7 @@ mod tests {
         })
         .unwrap();
         assert!(!bytes.windows(9).any(|w| w == b"cluster-a"));
-        assert_eq!(format!("{a:?}"), "JoinCredential(..)");
+        assert_eq!(format!("{a:?}"), "ClusterCredential(..)");
         // A request in the format before credentials (URLs only) does not decode: refused.
         let old = wire::encode(&vec!["http://127.0.0.1:2380".to_string()]).unwrap();
         assert!(wire::decode::<JoinRequest>(&old).is_err());

@@ -30,6 +30,7 @@ use parking_lot::Mutex;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::env::PeerTransport;
+use crate::membership::ClusterCredential;
 use crate::types::{Member, TypeConfig};
 use crate::wire::{self, WireError, MAX_PEER_MESSAGE_BYTES};
 
@@ -111,6 +112,8 @@ fn connection_refused(status: &tonic::Status) -> bool {
 pub(crate) struct Peers {
     cluster_id: u64,
     me: u64,
+    /// The cluster token's credential, shown on every request (`PeerMessage::credential`).
+    credential: Vec<u8>,
     /// Per peer: the URLs the channel was made for (a membership change of a peer's URLs
     /// makes a new channel) and the channel.
     channels: Mutex<HashMap<u64, (Vec<String>, Channel)>>,
@@ -125,10 +128,19 @@ pub(crate) struct Peers {
 }
 
 impl Peers {
-    pub(crate) fn new(cluster_id: u64, me: u64, transport: Option<Arc<dyn PeerTransport>>) -> Self {
+    pub(crate) fn new(
+        cluster_id: u64,
+        me: u64,
+        credential: Option<ClusterCredential>,
+        transport: Option<Arc<dyn PeerTransport>>,
+    ) -> Self {
         Peers {
             cluster_id,
             me,
+            // A member without cluster flags has no peers to show it to.
+            credential: credential
+                .map(ClusterCredential::to_vec)
+                .unwrap_or_default(),
             channels: Mutex::new(HashMap::new()),
             last_answer: Mutex::new(HashMap::new()),
             removed: tokio::sync::watch::channel(false).0,
@@ -200,6 +212,7 @@ impl Peers {
             from: self.me,
             to: target,
             payload,
+            credential: self.credential.clone(),
         };
         let call = async move {
             match method {
@@ -418,11 +431,13 @@ pub(crate) async fn ask_members(
         let mut client = RaftClient::new(ch)
             .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES + 4096)
             .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES + 4096);
+        // The joiner's credential travels in the request itself (`JoinRequest`).
         let msg = PeerMessage {
             cluster_id: 0,
             from: 0,
             to: 0,
             payload,
+            credential: Vec::new(),
         };
         let resp = client
             .members(msg)

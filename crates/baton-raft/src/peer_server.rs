@@ -7,9 +7,12 @@
 //! the envelope failed.
 //!
 //! # What a peer may ask
-//! Until peer TLS (a later issue) a message's `from` is only a claim, so the checks here
-//! bound what a false claim can do (issue 14), and each refusal is counted in
-//! `baton_peer_refused_total{reason}`:
+//! Every request shows the credential of the sender's `--initial-cluster-token` in its
+//! envelope (a joiner's `Members` question in its payload); without it nothing is served,
+//! openraft's own methods included. Until peer TLS (a later issue) a secret token is the
+//! cluster's shared secret, and for a process that has it a message's `from` is only a
+//! claim, so the checks here bound what a false claim can do (issue 14), and each refusal is
+//! counted in `baton_peer_refused_total{reason}`:
 //! - no message may claim to come from its receiver (no member ever sends itself one);
 //! - `Forward`/`ForwardBatch` come only from a member in the receiver's membership;
 //! - a forwarded `Propose` carries only a command a client may cause ([`crate::origin`]):
@@ -19,11 +22,11 @@
 //! - a forwarded `Publish` names its sender (a member publishes only its own attributes);
 //! - `Members` answers only a request with the cluster token's credential.
 //!
-//! So a forged forwarded request can do at most what a client of the receiver could. What
-//! these checks cannot bound is openraft's own messages: a forged `AppendEntries` or
-//! `InstallSnapshot` with a higher term is a leader as far as Raft knows. Only peer TLS
-//! closes that, by letting [`PeerService::open`] check the claimed `from` against the
-//! connection's identity.
+//! So a token holder's forged forwarded request can do at most what a client of the receiver
+//! could. What these checks cannot bound is openraft's own messages from a token holder: a
+//! forged `AppendEntries` or `InstallSnapshot` with a higher term is a leader as far as Raft
+//! knows. Only peer TLS closes that, by letting [`PeerService::open`] check the claimed
+//! `from` against the connection's identity.
 
 use std::net::SocketAddr;
 use std::sync::Weak;
@@ -35,7 +38,7 @@ use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use tonic::{Request, Response, Status};
 
 use crate::env::{PeerIncoming, PeerTransport};
-use crate::membership::{JoinCredential, JoinRequest, SenderStanding, REMOVED_MESSAGE};
+use crate::membership::{ClusterCredential, JoinRequest, SenderStanding, REMOVED_MESSAGE};
 use crate::origin::{self, LeaderDuty};
 use crate::types::{Raft, TypeConfig};
 use crate::wire::{self, LeaderRequest, LeaderResponse, MAX_PEER_MESSAGE_BYTES};
@@ -49,9 +52,10 @@ const MAX_CONCURRENT_STREAMS: u32 = 1024;
 pub(crate) struct PeerService {
     pub(crate) cluster_id: u64,
     pub(crate) me: u64,
-    /// What a joiner must show to be told the membership (`Members`): the credential of
-    /// this member's `--initial-cluster-token`. `None` (no cluster flags): nobody is told.
-    pub(crate) join_credential: Option<JoinCredential>,
+    /// What every request must show (in its envelope; a joiner's `Members` question in its
+    /// payload): the credential of this member's `--initial-cluster-token`. `None` (no
+    /// cluster flags): nothing is served.
+    pub(crate) cluster_credential: Option<ClusterCredential>,
     pub(crate) raft: Raft,
     /// Weak: the server task must not keep a replica alive that was dropped without
     /// `shutdown`.
@@ -78,8 +82,9 @@ pub(crate) enum Refusal {
     /// A forwarded `Publish` of another member's attributes.
     #[error("baton: member {from:x} may publish only its own attributes, not {id:x}'s")]
     PublishForAnother { from: u64, id: u64 },
-    /// `Members` without the cluster token's credential (or with an undecodable request).
-    #[error("baton: Members answers only a joiner given the cluster's --initial-cluster-token")]
+    /// A request without the cluster token's credential: in the envelope (every method but
+    /// `Members`) or in a joiner's request (`Members`, also when undecodable).
+    #[error("baton: peer requests need the credential of this cluster's --initial-cluster-token")]
     NoClusterToken,
 }
 
@@ -147,6 +152,14 @@ impl PeerService {
                 msg.cluster_id, msg.to, self.cluster_id, self.me
             )));
         }
+        // Only a process given the cluster token is heard as a member: without it, no
+        // method (openraft's own included) acts on the message.
+        if !self
+            .cluster_credential
+            .is_some_and(|mine| mine.matches_bytes(&msg.credential))
+        {
+            return Err(Refusal::NoClusterToken.into_status());
+        }
         if msg.from == self.me {
             return Err(Refusal::FromReceiver(msg.from).into_status());
         }
@@ -164,6 +177,7 @@ impl PeerService {
             from: self.me,
             to,
             payload,
+            credential: Vec::new(),
         }))
     }
 }
@@ -262,6 +276,7 @@ impl RaftService for PeerService {
             from: self.me,
             to: from,
             payload,
+            credential: Vec::new(),
         }))
     }
 
@@ -276,7 +291,7 @@ impl RaftService for PeerService {
         let req = decode::<JoinRequest>(&msg.payload)
             .ok()
             .filter(|req| {
-                self.join_credential
+                self.cluster_credential
                     .is_some_and(|mine| mine.matches(&req.credential))
             })
             .ok_or_else(|| Refusal::NoClusterToken.into_status())?;

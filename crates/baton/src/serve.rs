@@ -61,7 +61,9 @@ pub struct ServeArgs {
     #[arg(long, value_enum, default_value_t = ClusterState::New)]
     initial_cluster_state: ClusterState,
     /// Distinguishes clusters created from the same member list: part of every id, and peers
-    /// refuse messages from another cluster.
+    /// refuse messages from another cluster. Every peer request shows a digest of it, and
+    /// members hear nobody without it: until peer TLS, make it a secret (a random string) to
+    /// keep strangers who can reach the peer port out of the cluster.
     #[arg(long, default_value = "baton-cluster")]
     initial_cluster_token: String,
     /// Raft heartbeat interval in milliseconds.

@@ -319,10 +319,11 @@ async fn leader_kill9_fails_over_and_the_member_catches_up() {
 }
 
 /// Issue 14: anyone who can reach a peer port learns the cluster and member ids from the
-/// client API (response headers, `MemberList`) and could forge `Forward` calls. The leader
-/// refuses a forwarded lease expiry whoever it claims to come from, and any forwarded request
-/// claiming to come from the leader itself or from a non-member; nothing changes, and each
-/// refusal is counted in `baton_peer_refused_total`.
+/// client API (response headers, `MemberList`) and could forge `Forward` calls. Without the
+/// cluster token's credential nothing is heard at all (a Put with a real follower's id
+/// included). With it, the leader still refuses a forwarded lease expiry whoever it claims to
+/// come from, and any forwarded request claiming to come from the leader itself or from a
+/// non-member; nothing changes, and each refusal is counted in `baton_peer_refused_total`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_peer_messages_are_refused() {
     use baton_core::{Command, LeaseId, PutRequest, Term};
@@ -367,35 +368,73 @@ async fn forged_peer_messages_are_refused() {
     .unwrap();
 
     let port = cluster.members[leader].peer_port;
-    let forward = |from: u64, req: &LeaderRequest| {
-        peer::call(
-            port,
-            Method::Forward,
-            (cluster_id, from, leader_id),
-            peer::encode(req),
-        )
+    let token = cluster.token.clone();
+    let call_as = |token: Option<String>, from: u64, req: &LeaderRequest| {
+        let payload = peer::encode(req);
+        async move {
+            peer::call(
+                port,
+                Method::Forward,
+                (cluster_id, from, leader_id),
+                token.as_deref(),
+                payload,
+            )
+            .await
+        }
     };
-    // The forgery is well-formed: a harmless request with a member's id is served.
-    forward(follower_ids[0], &LeaderRequest::ReadIndex)
-        .await
-        .expect("a forwarded ReadIndex is served");
-
     let put = LeaderRequest::Propose(Command::Put(PutRequest {
         key: b"guard/forged".to_vec(),
         value: b"x".to_vec(),
         ..Default::default()
     }));
+    let refused = |r: Result<_, tonic::Status>, what: &str, message: &str| {
+        let e = r.expect_err(what);
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{what}: {e:?}");
+        assert!(e.message().contains(message), "{what}: {e:?}");
+    };
+    // A stranger (no cluster token) is heard by no method: a Put with a real follower's
+    // id, a harmless ReadIndex, a batch, or a guessed token.
+    refused(
+        call_as(None, follower_ids[0], &put).await,
+        "a Put with a follower's id, without the token",
+        "--initial-cluster-token",
+    );
+    refused(
+        call_as(None, follower_ids[1], &LeaderRequest::ReadIndex).await,
+        "a ReadIndex without the token",
+        "--initial-cluster-token",
+    );
+    refused(
+        call_as(Some("guess".into()), follower_ids[0], &put).await,
+        "a Put with a wrong token",
+        "--initial-cluster-token",
+    );
+    refused(
+        peer::call(
+            port,
+            Method::ForwardBatch,
+            (cluster_id, follower_ids[0], leader_id),
+            None,
+            peer::encode(&[&put]),
+        )
+        .await,
+        "a batch without the token",
+        "--initial-cluster-token",
+    );
+
+    // Someone who has the token (an insider, until peer TLS): what a member may forward.
+    let forward = |from: u64, req: &LeaderRequest| call_as(Some(token.clone()), from, req);
+    // The forgery is well-formed: a harmless request with a member's id is served.
+    forward(follower_ids[0], &LeaderRequest::ReadIndex)
+        .await
+        .expect("a forwarded ReadIndex is served");
+
     let expire = Command::ExpireLeases {
         ids: vec![LeaseId(lease)],
     };
     let expire_in_term = Command::ExpireLeasesInTerm {
         term: Term(status.raft_term),
         ids: vec![LeaseId(lease)],
-    };
-    let refused = |r: Result<_, tonic::Status>, what: &str, message: &str| {
-        let e = r.expect_err(what);
-        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{what}: {e:?}");
-        assert!(e.message().contains(message), "{what}: {e:?}");
     };
     // The receiver's own id: a Put and an expiry.
     refused(
@@ -443,6 +482,7 @@ async fn forged_peer_messages_are_refused() {
             port,
             Method::ForwardBatch,
             (cluster_id, follower_ids[0], leader_id),
+            Some(&token),
             batch,
         )
         .await,
@@ -471,6 +511,7 @@ async fn forged_peer_messages_are_refused() {
 
     let metrics = cluster.members[leader].metrics_port;
     for (reason, n) in [
+        ("no_cluster_token", 4.0),
         ("from_receiver", 2.0),
         ("leader_only_command", 5.0),
         ("not_a_member", 1.0),

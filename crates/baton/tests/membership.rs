@@ -906,12 +906,13 @@ async fn joining_without_member_add_or_the_token_is_refused() {
     // format from before credentials) refused; with it, answered with the cluster id.
     use common::peer::{self, JoinRequest, Method};
     let m1 = &cluster.members[0];
-    let ask = |payload: Vec<u8>| peer::call(m1.peer_port, Method::Members, (0, 0, 0), payload);
+    let ask =
+        |payload: Vec<u8>| peer::call(m1.peer_port, Method::Members, (0, 0, 0), None, payload);
     let urls = vec![format!("http://127.0.0.1:{}", free_port_below_ephemeral())];
     for payload in [
         peer::encode(&JoinRequest {
             peer_urls: urls.clone(),
-            credential: peer::join_credential("guess"),
+            credential: peer::cluster_credential("guess"),
         }),
         peer::encode(&urls),
     ] {
@@ -921,7 +922,7 @@ async fn joining_without_member_add_or_the_token_is_refused() {
     }
     let answer = ask(peer::encode(&JoinRequest {
         peer_urls: urls,
-        credential: peer::join_credential(&token),
+        credential: peer::cluster_credential(&token),
     }))
     .await
     .expect("Members with the token");

@@ -226,6 +226,8 @@ pub fn free_port_below_ephemeral() -> u16 {
 /// Members of one multi-member cluster on loopback, each a `baton serve` process with its own
 /// data directory (`dir/<name>`) and log (`dir/<name>.log`).
 pub struct Cluster {
+    /// The `--initial-cluster-token` every member was given.
+    pub token: String,
     pub members: Vec<Baton>,
     pub names: Vec<String>,
 }
@@ -273,7 +275,11 @@ impl Cluster {
         for m in &mut members {
             m.spawn();
         }
-        Cluster { members, names }
+        Cluster {
+            token,
+            members,
+            names,
+        }
     }
 
     /// Every member's client endpoint (`127.0.0.1:port`), comma-separated, for etcdctl.
@@ -907,8 +913,8 @@ pub mod peer {
         pub credential: [u8; 32],
     }
 
-    /// What a joiner given `token` shows (`membership::JoinCredential`).
-    pub fn join_credential(token: &str) -> [u8; 32] {
+    /// What a member or joiner given `token` shows (`membership::ClusterCredential`).
+    pub fn cluster_credential(token: &str) -> [u8; 32] {
         use sha2::Digest;
         let mut h = sha2::Sha256::new();
         h.update(b"baton-join-credential-v1\0");
@@ -923,11 +929,13 @@ pub mod peer {
         Members,
     }
 
-    /// One call to the peer service on `127.0.0.1:peer_port`.
+    /// One call to the peer service on `127.0.0.1:peer_port`, with the envelope's ids and
+    /// the credential of `token` (None: no credential, as a stranger sends).
     pub async fn call(
         peer_port: u16,
         method: Method,
         envelope: (u64, u64, u64),
+        token: Option<&str>,
         payload: Vec<u8>,
     ) -> Result<PeerMessage, tonic::Status> {
         let ch = super::channel(&format!("127.0.0.1:{peer_port}")).await;
@@ -938,6 +946,9 @@ pub mod peer {
             from,
             to,
             payload,
+            credential: token
+                .map(|t| cluster_credential(t).to_vec())
+                .unwrap_or_default(),
         };
         let d = std::time::Duration::from_secs(10);
         match method {
