@@ -103,6 +103,26 @@ func cpuSeconds(pid int) float64 {
 	return (utime + stime) / 100 // USER_HZ is 100 on Linux
 }
 
+// parallelFor runs work(i) for every i in [0, n) on `workers` goroutines and waits for all.
+func parallelFor(n, workers int, work func(i int)) {
+	var next int64 = -1
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := atomic.AddInt64(&next, 1)
+				if i >= int64(n) {
+					return
+				}
+				work(int(i))
+			}
+		}()
+	}
+	wg.Wait()
+}
+
 func newClient(endpoints string) (*clientv3.Client, error) {
 	return clientv3.New(clientv3.Config{
 		Endpoints:   strings.Split(endpoints, ","),
@@ -135,52 +155,39 @@ func leases(args []string) (map[string]interface{}, error) {
 
 	ids := make([]clientv3.LeaseID, *n)
 	var closed, grantErrors, responses int64
-	var next int64 = -1
-	var wg sync.WaitGroup
 	start := time.Now()
-	for g := 0; g < *grants; g++ {
-		wg.Add(1)
+	parallelFor(*n, *grants, func(i int) {
+		var resp *clientv3.LeaseGrantResponse
+		var err error
+		for attempt := 0; attempt < 5; attempt++ {
+			gctx, gcancel := context.WithTimeout(ctx, 5*time.Second)
+			resp, err = cli.Grant(gctx, *ttl)
+			gcancel()
+			if err == nil {
+				break
+			}
+		}
+		if err != nil {
+			atomic.AddInt64(&grantErrors, 1)
+			return
+		}
+		ids[i] = resp.ID
+		ch, err := cli.KeepAlive(ctx, resp.ID)
+		if err != nil {
+			atomic.AddInt64(&grantErrors, 1)
+			return
+		}
 		go func() {
-			defer wg.Done()
-			for {
-				i := atomic.AddInt64(&next, 1)
-				if i >= int64(*n) {
-					return
-				}
-				var resp *clientv3.LeaseGrantResponse
-				var err error
-				for attempt := 0; attempt < 5; attempt++ {
-					gctx, gcancel := context.WithTimeout(ctx, 5*time.Second)
-					resp, err = cli.Grant(gctx, *ttl)
-					gcancel()
-					if err == nil {
-						break
-					}
-				}
-				if err != nil {
-					atomic.AddInt64(&grantErrors, 1)
-					continue
-				}
-				ids[i] = resp.ID
-				ch, err := cli.KeepAlive(ctx, resp.ID)
-				if err != nil {
-					atomic.AddInt64(&grantErrors, 1)
-					continue
-				}
-				go func() {
-					for range ch {
-						atomic.AddInt64(&responses, 1)
-					}
-					// The channel closes when the client gives the lease up for expired
-					// (or when ctx ends, which happens only after the count below).
-					if ctx.Err() == nil {
-						atomic.AddInt64(&closed, 1)
-					}
-				}()
+			for range ch {
+				atomic.AddInt64(&responses, 1)
+			}
+			// The channel closes when the client gives the lease up for expired
+			// (or when ctx ends, which happens only after the count below).
+			if ctx.Err() == nil {
+				atomic.AddInt64(&closed, 1)
 			}
 		}()
-	}
-	wg.Wait()
+	})
 	granted := time.Since(start)
 	progress("granted %d leases in %v (%d errors); holding %v", *n, granted, grantErrors, *hold)
 	cpuBefore := cpuSeconds(*serverPid)
@@ -300,39 +307,26 @@ func conns(args []string) (map[string]interface{}, error) {
 	defer cancel()
 	held := make([]*grpc.ClientConn, *n)
 	var opened, served, failed int64
-	var next int64 = -1
-	var wg sync.WaitGroup
 	start := time.Now()
-	for p := 0; p < *parallel; p++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := atomic.AddInt64(&next, 1)
-				if i >= int64(*n) {
-					return
-				}
-				dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
-				conn, err := grpc.DialContext(dctx, target, grpc.WithInsecure(), grpc.WithBlock())
-				dcancel()
-				if err != nil {
-					atomic.AddInt64(&failed, 1)
-					continue
-				}
-				atomic.AddInt64(&opened, 1)
-				held[i] = conn
-				rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
-				_, err = pb.NewKVClient(conn).Range(rctx, &pb.RangeRequest{Key: []byte("load-conn")})
-				rcancel()
-				if err == nil {
-					atomic.AddInt64(&served, 1)
-				} else {
-					atomic.AddInt64(&failed, 1)
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	parallelFor(*n, *parallel, func(i int) {
+		dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
+		conn, err := grpc.DialContext(dctx, target, grpc.WithInsecure(), grpc.WithBlock())
+		dcancel()
+		if err != nil {
+			atomic.AddInt64(&failed, 1)
+			return
+		}
+		atomic.AddInt64(&opened, 1)
+		held[i] = conn
+		rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err = pb.NewKVClient(conn).Range(rctx, &pb.RangeRequest{Key: []byte("load-conn")})
+		rcancel()
+		if err == nil {
+			atomic.AddInt64(&served, 1)
+		} else {
+			atomic.AddInt64(&failed, 1)
+		}
+	})
 	openedIn := time.Since(start)
 	progress("%d connections open (%d served, %d failed) in %v; holding %v", opened, served, failed, openedIn, *hold)
 	time.Sleep(*hold)
