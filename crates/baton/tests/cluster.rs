@@ -550,12 +550,16 @@ async fn a_resumed_or_restarted_follower_changes_no_term() {
     let term = before[leader].expect("the leader answers").raft_term;
     assert!(terms(&before).iter().all(|t| *t == term), "{before:?}");
 
+    // "No term changes" is a property of a stretch of time, so it is watched for a fixed
+    // one: two election timeouts (the default 1 s) after the member is back, in which its
+    // timer has fired ([0.25, 0.4) T) and a campaign would long have shown.
+    const QUIET: Duration = Duration::from_secs(2);
     let pid = cluster.members[follower].child.as_ref().unwrap().id() as i32;
     common::kill(pid, libc::SIGSTOP);
+    // The fault itself: three election timeouts without a word from the leader.
     tokio::time::sleep(Duration::from_secs(3)).await;
     common::kill(pid, libc::SIGCONT);
-    // Long enough for the resumed member's timer to fire and its pre-vote to be refused.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(QUIET).await;
     c.put("after-pause", "x", None).await.unwrap();
     let mut after = Vec::new();
     for ch in &chans {
@@ -573,7 +577,7 @@ async fn a_resumed_or_restarted_follower_changes_no_term() {
     // A restart with its data: same outcome.
     cluster.members[follower].kill9();
     cluster.members[follower].spawn();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(QUIET).await;
     c.put("after-restart", "x", None).await.unwrap();
     let mut restarted = Vec::new();
     for ch in &chans {
