@@ -503,27 +503,35 @@ func lockgap(args []string) (map[string]interface{}, error) {
 	sort.Slice(held, func(i, j int) bool { return held[i].from.Before(held[j].from) })
 	var gaps []float64
 	for _, w := range windows {
+		// The longest stretch of the window that no holding covers, the stretch from the
+		// last holding to the window's end included: a lock nobody takes again after the
+		// fault is unheld until the end, not "no gap".
 		longest := 0.0
-		// The free stretches: between the end of what was held so far and the next start.
-		var heldUntil time.Time
+		cursor := w.from
 		for _, h := range held {
-			if !heldUntil.IsZero() && h.from.After(heldUntil) {
-				g0, g1 := heldUntil, h.from
-				if g1.After(w.from) && g0.Before(w.to) {
-					if d := g1.Sub(g0).Seconds(); d > longest {
-						longest = d
-					}
+			if !h.to.After(cursor) {
+				continue
+			}
+			if !h.from.Before(w.to) {
+				break
+			}
+			if h.from.After(cursor) {
+				if d := h.from.Sub(cursor).Seconds(); d > longest {
+					longest = d
 				}
 			}
-			if h.to.After(heldUntil) {
-				heldUntil = h.to
+			cursor = h.to
+		}
+		if cursor.Before(w.to) {
+			if d := w.to.Sub(cursor).Seconds(); d > longest {
+				longest = d
 			}
 		}
 		gaps = append(gaps, longest)
 	}
 	return map[string]interface{}{
 		"workload": "lockgap", "fault": *fault, "faulted": faults, "clients": *clients,
-		"ttl_s": *ttl, "pause_s": pause.Seconds(), "acquisitions": len(held),
+		"ttl_s": *ttl, "pause_s": pause.Seconds(), "settle_s": settle.Seconds(), "acquisitions": len(held),
 		"sessions_lost_while_holding": sessionsLost, "longest_unheld_s": gaps,
 	}, nil
 }

@@ -735,6 +735,12 @@ impl Node {
     /// and asking for one here is refused with [`ProposeError::LeaderOnly`].
     pub async fn propose(&self, command: Command) -> Result<Proposed, ProposeError> {
         origin::client_may_propose(&command).map_err(ProposeError::LeaderOnly)?;
+        self.propose_routed(command).await
+    }
+
+    /// [`Node::propose`] without the origin check: for this member's own requests of the
+    /// leader that no client may make (raising its own `NOSPACE` alarm from a follower).
+    async fn propose_routed(&self, command: Command) -> Result<Proposed, ProposeError> {
         let inner = &self.inner;
         inner.refuse_without_space(&command)?;
         let deadline = Instant::now() + REQUEST_TIMEOUT;
@@ -1792,9 +1798,11 @@ impl Inner {
 
     /// One tick of the disk watch (see `space`): measures the free space, pokes a stalled log
     /// writer, re-triggers a snapshot that did not fit once it does, judges whether space is
-    /// low, and raises or clears this member's `NOSPACE` alarm to match: raising is the
-    /// leader's duty (a follower with a full disk only refuses writes itself), clearing
-    /// goes through the leader from any member.
+    /// low, and raises or clears this member's `NOSPACE` alarm to match. Both go through
+    /// the leader from any member: a follower's full disk stops the cluster's writes as
+    /// etcd's does (a follower that cannot log would otherwise fall behind silently), and
+    /// the leader accepts an alarm raised over `Forward` only for its sender's own id
+    /// (`peer_server::check_forwarded`).
     async fn space_tick(self: &Arc<Self>) {
         let shared = &self.shared;
         let free = shared.measure_free();
@@ -1838,9 +1846,7 @@ impl Inner {
             .alarms()
             .contains(&(self.member_id, AlarmType::NoSpace));
         let action = match (low, raised) {
-            (true, false) if self.raft.metrics().borrow().state == ServerState::Leader => {
-                AlarmAction::Activate
-            }
+            (true, false) => AlarmAction::Activate,
             (false, true) => AlarmAction::Deactivate,
             _ => return,
         };
@@ -1854,16 +1860,11 @@ impl Inner {
                 member_id: inner.member_id,
                 alarm: AlarmType::NoSpace,
             };
-            let res = match action {
-                AlarmAction::Activate => inner.propose(command).await,
-                // Routed: a follower's own alarm is cleared through the leader.
-                AlarmAction::Deactivate => {
-                    let node = Node {
-                        inner: inner.clone(),
-                    };
-                    node.propose(command).await
-                }
+            // Routed: a follower's own alarm is raised and cleared through the leader.
+            let node = Node {
+                inner: inner.clone(),
             };
+            let res = node.propose_routed(command).await;
             match res {
                 Ok(_) if action == AlarmAction::Activate => tracing::warn!(
                     member = format_args!("{:x}", inner.member_id),

@@ -20,6 +20,8 @@
 //!   a batch with one such item is refused whole, before any item is served (a real member
 //!   never forwards one: `Node::propose` refuses it first);
 //! - a forwarded `Publish` names its sender (a member publishes only its own attributes);
+//! - the one leader duty a member asks for is a `NOSPACE` alarm (`Alarm(Activate)`), and
+//!   only for itself: its own disk is full (a client may not raise one);
 //! - `Members` answers only a request with the cluster token's credential.
 //!
 //! So a token holder's forged forwarded request can do at most what a client of the receiver
@@ -32,6 +34,7 @@ use std::net::SocketAddr;
 use std::sync::Weak;
 use std::time::Duration;
 
+use baton_core::{AlarmAction, Command};
 use baton_proto::baton::raft::v1::raft_server::{Raft as RaftService, RaftServer};
 use baton_proto::baton::raft::v1::PeerMessage;
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
@@ -82,6 +85,9 @@ pub(crate) enum Refusal {
     /// A forwarded `Publish` of another member's attributes.
     #[error("baton: member {from:x} may publish only its own attributes, not {id:x}'s")]
     PublishForAnother { from: u64, id: u64 },
+    /// A forwarded `NOSPACE` alarm raised for another member than its sender.
+    #[error("baton: member {from:x} may raise only its own alarm, not {id:x}'s")]
+    AlarmForAnother { from: u64, id: u64 },
     /// A request without the cluster token's credential: in the envelope (every method but
     /// `Members`) or in a joiner's request (`Members`, also when undecodable).
     #[error("baton: peer requests need the credential of this cluster's --initial-cluster-token")]
@@ -96,6 +102,7 @@ impl Refusal {
             Refusal::Removed(_) | Refusal::UnknownSender(_) => "not_a_member",
             Refusal::LeaderOnly(_) => "leader_only_command",
             Refusal::PublishForAnother { .. } => "publish_for_another",
+            Refusal::AlarmForAnother { .. } => "alarm_for_another",
             Refusal::NoClusterToken => "no_cluster_token",
         }
     }
@@ -114,6 +121,7 @@ impl Refusal {
             | Refusal::Removed(_)
             | Refusal::LeaderOnly(_)
             | Refusal::PublishForAnother { .. }
+            | Refusal::AlarmForAnother { .. }
             | Refusal::NoClusterToken => Status::permission_denied(self.to_string()),
         }
     }
@@ -123,6 +131,22 @@ impl Refusal {
 /// forwarded request's content, apart from who sent it.
 pub(crate) fn check_forwarded(from: u64, req: &LeaderRequest) -> Result<(), Refusal> {
     match req {
+        // A member's own full disk: raised through the leader like etcd's, but only by
+        // the member it names (until peer TLS, `from` is as good as the cluster token).
+        LeaderRequest::Propose(Command::Alarm {
+            action: AlarmAction::Activate,
+            member_id,
+            ..
+        }) => {
+            if *member_id == from {
+                Ok(())
+            } else {
+                Err(Refusal::AlarmForAnother {
+                    from,
+                    id: *member_id,
+                })
+            }
+        }
         LeaderRequest::Propose(command) => {
             origin::client_may_propose(command).map_err(Refusal::LeaderOnly)
         }
@@ -419,7 +443,7 @@ pub(crate) fn spawn(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use baton_core::{Command, LeaseId, PutRequest};
+    use baton_core::{LeaseId, PutRequest};
 
     use crate::types::Member;
 
@@ -445,6 +469,18 @@ mod tests {
         assert_eq!(
             check_forwarded(2, &publish(3)),
             Err(Refusal::PublishForAnother { from: 2, id: 3 })
+        );
+        let alarm = |member_id| {
+            LeaderRequest::Propose(Command::Alarm {
+                action: AlarmAction::Activate,
+                member_id,
+                alarm: baton_core::AlarmType::NoSpace,
+            })
+        };
+        assert_eq!(check_forwarded(2, &alarm(2)), Ok(()));
+        assert_eq!(
+            check_forwarded(2, &alarm(3)),
+            Err(Refusal::AlarmForAnother { from: 2, id: 3 })
         );
         for req in [
             LeaderRequest::ReadIndex,
@@ -483,6 +519,11 @@ mod tests {
                 Refusal::PublishForAnother { from: 1, id: 2 },
                 tonic::Code::PermissionDenied,
                 "publish_for_another",
+            ),
+            (
+                Refusal::AlarmForAnother { from: 1, id: 2 },
+                tonic::Code::PermissionDenied,
+                "alarm_for_another",
             ),
             (
                 Refusal::NoClusterToken,

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{etcdctl, http_get, Baton};
+use common::{agreed_leader, etcdctl, http_get, lazy_channel, member_status, Baton, Cluster};
 use etcd_client::{Client, GetOptions};
 
 const MIB: u64 = 1 << 20;
@@ -27,34 +27,56 @@ const NO_SPACE: &str = "etcdserver: mvcc: database space exceeded";
 /// An acknowledged put: key and value.
 type Acked = (String, Vec<u8>);
 
-/// A tmpfs mounted on a temporary directory, unmounted when dropped (also on failure).
+/// A tmpfs mounted on a directory, unmounted when dropped (also on failure).
 struct SmallFs {
-    dir: tempfile::TempDir,
+    path: PathBuf,
+    /// The temporary directory it is mounted on, when it made one.
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl SmallFs {
-    /// Fails (never skips) without root: CI runs as root, and a full disk cannot be made
-    /// any other way here.
+    /// On a new temporary directory.
     fn mount(size: &str) -> SmallFs {
+        let dir = tempfile::tempdir().unwrap();
+        let mut fs = SmallFs::mount_at(dir.path().to_path_buf(), size);
+        fs._dir = Some(dir);
+        fs
+    }
+
+    /// On `path` (made if missing). Fails (never skips) without root: CI runs as root, and
+    /// a full disk cannot be made any other way here.
+    fn mount_at(path: PathBuf, size: &str) -> SmallFs {
         // SAFETY: geteuid has no preconditions.
         assert_eq!(
             unsafe { libc::geteuid() },
             0,
             "this test mounts a small tmpfs and needs root"
         );
-        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(&path).unwrap();
         let ok = std::process::Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
+            .arg(&path)
             .status()
             .unwrap()
             .success();
         assert!(ok, "mount a {size} tmpfs");
-        SmallFs { dir }
+        SmallFs { path, _dir: None }
+    }
+
+    /// Grows or shrinks the file system in place (tmpfs takes a size below what it holds
+    /// as long as what it holds fits): the member on it sees its free space change.
+    fn resize(&self, size: &str) {
+        let ok = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.path)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "resize the tmpfs to {size}");
     }
 
     fn path(&self) -> &Path {
-        self.dir.path()
+        &self.path
     }
 }
 
@@ -63,7 +85,7 @@ impl Drop for SmallFs {
         // Lazy: a server killed a moment ago may still hold files open.
         let _ = std::process::Command::new("umount")
             .arg("-l")
-            .arg(self.dir.path())
+            .arg(&self.path)
             .status();
     }
 }
@@ -313,4 +335,71 @@ async fn alarm_disarm_clears_nospace_and_a_low_disk_raises_it_again() {
     let get = etcdctl(&endpoint, &["get", "k"], None);
     assert_eq!(get.code, 0, "reads are served: {get:?}");
     drop(baton);
+}
+
+/// A follower's full disk stops the cluster's writes, as etcd's `NOSPACE` does: the follower
+/// raises its own alarm through the leader (the one leader duty a member may ask for, and
+/// only for itself), so every member lists it and refuses writes that add data with etcd's
+/// message while reads are served; when the follower has room again it clears the alarm
+/// and writes succeed, with no restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followers_full_disk_raises_nospace_for_the_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    // Each member's data directory on a file system of its own, roomy for now.
+    let fss: Vec<SmallFs> = ["m1", "m2", "m3"]
+        .iter()
+        .map(|name| SmallFs::mount_at(dir.path().join(name), "300m"))
+        .collect();
+    let cluster = Cluster::start(dir.path(), 3, &[]);
+    let endpoints: Vec<String> = cluster.members.iter().map(|m| m.endpoint()).collect();
+    let leader = agreed_leader(&endpoints, Duration::from_secs(20)).await;
+    let follower = (leader + 1) % 3;
+    let follower_id = member_status(&lazy_channel(&endpoints[follower]))
+        .await
+        .expect("the follower answers Status")
+        .member_id;
+    let leader_url = cluster.members[leader].url();
+    let follower_url = cluster.members[follower].url();
+    let mut via_leader = Client::connect([leader_url], None).await.unwrap();
+    let mut via_follower = Client::connect([follower_url], None).await.unwrap();
+    via_leader
+        .put("before", "the full disk", None)
+        .await
+        .unwrap();
+
+    // The follower's file system shrinks below the reserve (64 MiB): its disk is "full".
+    fss[follower].resize("40m");
+    let expected = format!("memberID:{follower_id} alarm:NOSPACE");
+    wait_until(
+        "the follower's NOSPACE alarm listed by the leader",
+        Duration::from_secs(20),
+        || alarm_list(&endpoints[leader]).contains(&expected),
+    );
+    for e in &endpoints {
+        assert_eq!(alarm_list(e).trim(), expected, "alarm list on {e}");
+    }
+    for (who, c) in [("leader", &mut via_leader), ("follower", &mut via_follower)] {
+        let err = c
+            .put("during", "the full disk", None)
+            .await
+            .expect_err("a write that adds data is refused under NOSPACE");
+        assert!(err.to_string().contains(NO_SPACE), "via the {who}: {err}");
+        let got = c.get("before", None).await.expect("reads are served");
+        assert_eq!(got.kvs()[0].value(), b"the full disk", "via the {who}");
+    }
+
+    // Room again: the follower clears its alarm by itself and writes succeed.
+    fss[follower].resize("300m");
+    wait_until(
+        "the alarm cleared once the follower has room",
+        Duration::from_secs(20),
+        || alarm_list(&endpoints[leader]).trim().is_empty(),
+    );
+    via_follower
+        .put("after", "space came back", None)
+        .await
+        .expect("writes succeed again without a restart");
+    let got = via_leader.get("after", None).await.unwrap();
+    assert_eq!(got.kvs()[0].value(), b"space came back");
+    drop(cluster);
 }
