@@ -892,7 +892,7 @@ impl Node {
     /// other replica's clock holds the deadlines set when each grant was applied and never
     /// renewed (keep-alives go to the leader), so trusting it made a follower refuse locks to
     /// every kept-alive lease older than its TTL ("the lease expired before the lock could be
-    /// granted", seen in `crates/baton/tests/chaos.rs`); there the state machine is the only
+    /// granted", seen in `crates/baton/tests/it/chaos.rs`); there the state machine is the only
     /// authority (the remaining follower gap is described in ARCHITECTURE.md).
     pub fn lease_alive(&self, id: LeaseId) -> bool {
         let shared = &self.inner.shared;
@@ -1478,7 +1478,7 @@ impl Inner {
     /// (and the locks under it) that is gone; or its clock may have marked as expiring a lease
     /// the client kept alive through the new leader — "not found" would make the client give
     /// up a live lease. Both were observed with three processes
-    /// (`crates/baton/tests/leases_failover.rs`). A confirmation less than one heartbeat
+    /// (`crates/baton/tests/it/leases_failover.rs`). A confirmation less than one heartbeat
     /// interval old is enough: followers that acknowledged it will not elect anyone else
     /// for at least their election timeout, several heartbeat intervals. It is shared — at
     /// most one ReadIndex round per heartbeat interval however many keep-alives arrive — so

@@ -44,7 +44,7 @@
 //!
 //! The idempotency store keeps one row per `(tenant, key)`; its `state` is `in_flight` or
 //! `done`. These hold for every interleaving of requests, crashes and retries, and each has a
-//! test in `tests/` against a real PostgreSQL:
+//! test in `tests/it/` against a real PostgreSQL:
 //!
 //! 1. **The work, the `done` state and the stored response commit together.** The work runs in
 //!    a transaction that also moves the row to `done` with the response

@@ -27,7 +27,7 @@
 //! # Guarantees
 //!
 //! These hold for every interleaving of orchestrator crashes, leadership changes, timeouts
-//! and operator actions; each has a test in `tests/saga_*.rs` against a real Baton and a real
+//! and operator actions; each has a test in `tests/it/saga_*.rs` against a real Baton and a real
 //! PostgreSQL, crashes being real SIGKILLs of an orchestrator process at each step boundary.
 //!
 //! 1. **Progress is recorded before and after every attempt.** An attempt is written as

@@ -50,8 +50,8 @@
 //!
 //! # Invariants
 //!
-//! Each has a test against real servers (`tests/twopc_pg.rs`, `tests/twopc_bank.rs`,
-//! `tests/mariadb_xa.rs`), crashes being real SIGKILLs of a coordinator process at named
+//! Each has a test against real servers (`tests/it/twopc_pg.rs`, `tests/it/twopc_bank.rs`,
+//! `tests/it/mariadb_xa.rs`), crashes being real SIGKILLs of a coordinator process at named
 //! [`FaultPoint`]s.
 //!
 //! 1. **Intent before PREPARE.** The log holds the transaction id, the exact GID of every

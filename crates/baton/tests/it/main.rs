@@ -1,0 +1,24 @@
+//! The crate's integration tests, one test binary (one link, not one per file): each
+//! module is what was once a file of its own under tests/.
+
+mod bench_smoke;
+mod chaos;
+mod cli_kv;
+mod cli_lease;
+mod cli_status;
+mod client_load;
+mod cluster;
+mod common;
+mod disk_full;
+mod durability;
+mod etcd_client;
+mod etcd_parity;
+mod etcdctl;
+mod etcdctl_locks;
+mod exactly_once;
+mod fencing;
+mod lease_safety;
+mod leases_failover;
+mod lock_cli;
+mod membership;
+mod steady_state;
