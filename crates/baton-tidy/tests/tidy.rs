@@ -29,11 +29,6 @@ const CYCLES_ALLOWED: &[(&str, &[&str], &str)] = &[
         "the KV register implements the search's `Model`; `check_history` runs it",
     ),
     (
-        "baton-client",
-        &["client.rs", "error.rs", "session.rs"],
-        "`Error::SessionLost` carries session's `LostReason`",
-    ),
-    (
         "baton-raft",
         &["deletions.rs", "sm.rs"],
         "a `KeyDeletion` unregisters itself through sm's `Shared`, which holds the watches",
