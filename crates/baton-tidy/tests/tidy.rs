@@ -24,11 +24,6 @@ const CYCLES_ALLOWED: &[(&str, &[&str], &str)] = &[
         "txn's ops reuse kv's Get/Put/Del flags while kv dispatches `baton kv txn` to txn",
     ),
     (
-        "baton-check",
-        &["linearizability.rs", "register.rs"],
-        "the KV register implements the search's `Model`; `check_history` runs it",
-    ),
-    (
         "baton-raft",
         &["deletions.rs", "sm.rs"],
         "a `KeyDeletion` unregisters itself through sm's `Shared`, which holds the watches",
