@@ -19,11 +19,6 @@ const UNUSED_ALLOWED: &[(&str, &str, Kind, &str)] = &[
 /// (crate, files, what it would take to break).
 const CYCLES_ALLOWED: &[(&str, &[&str], &str)] = &[
     (
-        "baton",
-        &["cli/kv.rs", "cli/txn.rs"],
-        "txn's ops reuse kv's Get/Put/Del flags while kv dispatches `baton kv txn` to txn",
-    ),
-    (
         "baton-raft",
         &["deletions.rs", "sm.rs"],
         "a `KeyDeletion` unregisters itself through sm's `Shared`, which holds the watches",
