@@ -69,22 +69,6 @@ const REACH_BACKS_ALLOWED: &[(&str, &str, &[&str], &str)] = &[
         "needs the baton-raft lib.rs split",
     ),
     (
-        "baton-server",
-        "lib.rs",
-        &[
-            "cluster.rs",
-            "election.rs",
-            "exactly_once.rs",
-            "http.rs",
-            "kv.rs",
-            "lease.rs",
-            "locks.rs",
-            "maintenance.rs",
-            "watch.rs",
-        ],
-        "every service holds lib.rs's `Shared`",
-    ),
-    (
         "baton-sim",
         "lib.rs",
         &["locking.rs", "workload.rs"],
