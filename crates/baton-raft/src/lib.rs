@@ -328,6 +328,7 @@ fn load_or_create_member(
     name: &str,
     pristine: bool,
     initial: Option<&(DerivedIds, InitialClusterState)>,
+    rng: &mut rand::rngs::StdRng,
 ) -> Result<MemberMeta, StartError> {
     let path = data_dir.join("member.meta");
     if files::has_old_member_magic(&path) {
@@ -366,7 +367,7 @@ fn load_or_create_member(
         )),
         None => {
             let meta = match initial {
-                None => files::new_identity(name),
+                None => files::new_identity(name, rng),
                 // `Node::start` joins instead (`membership::join_existing`).
                 Some((_, InitialClusterState::Existing)) => {
                     return Err(StartError::Raft(
@@ -485,6 +486,10 @@ impl Node {
         let (state, current_snapshot) = load_state(&snap_dir)?;
         let recovered = wal::recover(&raft_dir)?;
         let pristine = recovered.mem.is_pristine() && current_snapshot.is_none();
+        // This replica's randomness (`Environment::rng`): a new identity, then the election
+        // timeout and lease ids. Drawn before the identity, which only a single-member
+        // cluster mints (the simulation's members derive theirs, so its draws are unchanged).
+        let mut rng = config.env.rng();
         let member = match (&config.cluster, &initial) {
             (Some(c), Some((_, InitialClusterState::Existing))) if pristine => {
                 let listed = c
@@ -494,7 +499,13 @@ impl Node {
                     .collect();
                 membership::join_existing(&data_dir, &config, &c.token, listed).await?
             }
-            _ => load_or_create_member(&data_dir, &config.name, pristine, initial.as_ref())?,
+            _ => load_or_create_member(
+                &data_dir,
+                &config.name,
+                pristine,
+                initial.as_ref(),
+                &mut rng,
+            )?,
         };
         // Bound before Raft starts: a port conflict fails the start instead of leaving a
         // member that nobody can reach.
@@ -520,7 +531,6 @@ impl Node {
 
         let (mut election_timeout_min, mut election_timeout_max) =
             openraft_election_timeouts(&config)?;
-        let mut rng = config.env.rng();
         if config.env.seed.is_some() {
             // openraft draws the timeout from its own thread_rng; a range of one value makes
             // that draw a constant, picked here from the seed in the same range.

@@ -84,7 +84,7 @@ mod tests {
         let t = parse(doc).unwrap();
         assert_eq!(t.len(), 2);
         assert!(t["a"].is_empty());
-        assert_eq!(t["b"]["a"], false);
-        assert_eq!(t["b"]["c"], true);
+        assert!(!t["b"]["a"]);
+        assert!(t["b"]["c"]);
     }
 }

@@ -17,16 +17,14 @@ const UNUSED_ALLOWED: &[(&str, &str, Kind, &str)] = &[
 
 /// Known module cycles, as the exact set of files of each strongly connected component.
 /// (crate, files, what it would take to break).
-const CYCLES_ALLOWED: &[(&str, &[&str], &str)] = &[
-    (
-        "baton-raft",
-        &["membership.rs", "network.rs", "wire.rs"],
-        // network needs `ClusterCredential` and `REMOVED_MESSAGE`, wire the membership change
-        // types, whose `MemberChanged` holds lib.rs's `MemberInfo`: this goes with the split
-        // of lib.rs (`Inner`) into modules.
-        "needs the baton-raft lib.rs split",
-    ),
-];
+const CYCLES_ALLOWED: &[(&str, &[&str], &str)] = &[(
+    "baton-raft",
+    &["membership.rs", "network.rs", "wire.rs"],
+    // network needs `ClusterCredential` and `REMOVED_MESSAGE`, wire the membership change
+    // types, whose `MemberChanged` holds lib.rs's `MemberInfo`: this goes with the split
+    // of lib.rs (`Inner`) into modules.
+    "needs the baton-raft lib.rs split",
+)];
 
 /// Files that use items of a module that declares them (an ancestor file), per ancestor:
 /// (crate, ancestor file, the exact set of files reaching into it, why).
@@ -278,4 +276,25 @@ fn no_module_cycles() {
         problems.join("\n  "),
         report.join("\n")
     );
+}
+
+/// The replica crates' clippy.toml files (OS randomness and clocks only through
+/// `Environment`) are one rule in three copies, because clippy reads the nearest file only:
+/// the copies must stay equal, and each crate of the rule must have one.
+#[test]
+fn replica_crates_share_one_clippy_config() {
+    let root = workspace::root();
+    let read = |c: &str| {
+        std::fs::read_to_string(root.join("crates").join(c).join("clippy.toml"))
+            .unwrap_or_else(|e| panic!("crates/{c}/clippy.toml: {e}"))
+    };
+    let raft = read("baton-raft");
+    assert!(raft.contains("rand::random") && raft.contains("std::time::SystemTime::now"));
+    for c in ["baton-core", "baton-server"] {
+        assert_eq!(
+            read(c),
+            raft,
+            "crates/{c}/clippy.toml differs from baton-raft's"
+        );
+    }
 }
