@@ -30,6 +30,7 @@ pub mod convergence;
 pub mod history;
 pub mod linearizability;
 pub mod lock;
+mod model;
 mod register;
 pub mod watch;
 

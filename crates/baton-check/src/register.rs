@@ -17,7 +17,7 @@
 
 use crate::bytes::Bytes;
 use crate::history::{KvOp, KvResult, Operation};
-use crate::linearizability::{Model, Op};
+use crate::model::{Model, Op};
 use std::collections::HashMap;
 
 /// Interned value id meaning "the key does not exist".

@@ -15,9 +15,10 @@ use tonic::Code;
 
 use crate::client::{request, write_request, Client, Deadline, Retry};
 use crate::error::{Error, Result};
+use crate::lost::LostReason;
 use crate::monitor::Holding;
 use crate::recipe::guarded;
-use crate::session::{LostReason, Session};
+use crate::session::Session;
 use crate::util::{backoff, show, AbortOnDrop};
 
 /// The election `name`: candidates queue as keys `name/<lease hex>` holding their

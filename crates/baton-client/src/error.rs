@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::session::LostReason;
+use crate::lost::LostReason;
 
 /// Everything that can go wrong talking to Baton or etcd.
 ///

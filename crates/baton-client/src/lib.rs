@@ -149,6 +149,7 @@ mod error;
 mod exactly_once;
 mod kv;
 mod lease;
+mod lost;
 mod monitor;
 mod mutex;
 mod queue;
@@ -183,10 +184,11 @@ pub use kv::{
     PutResponse, RangeResponse, SortOrder, SortTarget, Txn, TxnResponse,
 };
 pub use lease::{LeaseGrantResponse, LeaseTimeToLiveResponse};
+pub use lost::LostReason;
 pub use mutex::{FenceCheck, FenceGate, Guard, LockOptions, Mutex};
 pub use queue::Queue;
 pub use rwlock::RwLock;
 pub use semaphore::{Permit, Semaphore};
-pub use session::{LostReason, Session, SessionOptions, SessionState};
+pub use session::{Session, SessionOptions, SessionState};
 pub use util::prefix_end;
 pub use watch::{EventKind, WatchEvent, WatchOptions, WatchStream};

@@ -10,7 +10,8 @@ use tokio::sync::watch;
 
 use crate::client::Client;
 use crate::kv::GetOptions;
-use crate::session::{wait_lost, LostReason, Session};
+use crate::lost::LostReason;
+use crate::session::{wait_lost, Session};
 use crate::util::{backoff, AbortOnDrop};
 use crate::watch::{EventKind, WatchOptions};
 

@@ -14,11 +14,12 @@ use crate::client::{write_request, Client, Deadline, Retry};
 use crate::config::ServerKind;
 use crate::error::{Error, Result};
 use crate::kv::{Compare, CompareOp, Op, PutOptions, PutResponse, Txn};
+use crate::lost::LostReason;
 use crate::monitor::Holding;
 use crate::recipe::{
     create_own_key, delete_if_created, guarded, newest_before, wait_deleted, Cleanup,
 };
-use crate::session::{LostReason, Session};
+use crate::session::Session;
 use crate::util::{backoff, join, lease_hex, show, until};
 
 /// How to acquire: wait at most this long, or not at all; and (Baton only) the lock-delay.

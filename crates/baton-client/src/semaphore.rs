@@ -7,10 +7,11 @@ use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::kv::{GetOptions, SortOrder, SortTarget};
+use crate::lost::LostReason;
 use crate::monitor::Holding;
 use crate::mutex::LockOptions;
 use crate::recipe::{create_own_key, delete_if_created, guarded, wait_event, Cleanup};
-use crate::session::{LostReason, Session};
+use crate::session::Session;
 use crate::util::{join, lease_hex, show, until};
 use crate::watch::EventKind;
 

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use crate::client::{Client, Deadline};
 use crate::error::{Error, Result};
+use crate::lost::LostReason;
 use crate::util::{backoff, AbortOnDrop};
 
 /// Settings of a [`Session`].
@@ -86,37 +87,6 @@ pub enum SessionState {
     /// The lease is, or may already be, gone: the estimate passed without an
     /// acknowledgement, the server answered TTL 0, or the session was closed.
     Expired,
-}
-
-/// Why a session, or something held with it, was lost.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LostReason {
-    /// The server answered a keep-alive with TTL 0, or said the lease does not exist: it
-    /// expired or was revoked.
-    LeaseExpired,
-    /// No keep-alive was acknowledged before the local expiry estimate passed (partition,
-    /// overloaded server, or this process was paused).
-    KeepAliveDeadline,
-    /// The session was closed, or dropped by its owner.
-    Closed,
-    /// The held key disappeared while the lease lived (an operator's force-release, a
-    /// manual delete).
-    KeyDeleted,
-}
-
-impl std::fmt::Display for LostReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            LostReason::LeaseExpired => {
-                "the lease expired or was revoked (keep-alive answered TTL 0)"
-            }
-            LostReason::KeepAliveDeadline => {
-                "no keep-alive acknowledged before the local expiry estimate"
-            }
-            LostReason::Closed => "the session was closed",
-            LostReason::KeyDeleted => "the held key was deleted (force-release or manual delete)",
-        })
-    }
 }
 
 /// A lease kept alive in the background, with a local expiry estimate and a loss signal.

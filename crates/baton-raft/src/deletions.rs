@@ -14,9 +14,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
+use parking_lot::Mutex;
 use tokio::sync::Notify;
-
-use crate::sm::Shared;
 
 #[derive(Default)]
 pub(crate) struct DeletionWatches {
@@ -80,12 +79,15 @@ pub struct KeyDeletion {
     key: Vec<u8>,
     id: u64,
     notify: Arc<Notify>,
-    shared: Weak<Shared>,
+    /// The registry to leave on drop: `Shared::deletions` (weak, so a watch outliving its
+    /// replica does nothing), held directly rather than through `Shared` so this module
+    /// does not depend on `sm`, which holds the registry (the tidy test `no_module_cycles`).
+    registry: Weak<Mutex<DeletionWatches>>,
 }
 
 impl KeyDeletion {
     pub(crate) fn register(
-        shared: &Arc<Shared>,
+        registry: &Arc<Mutex<DeletionWatches>>,
         watches: &mut DeletionWatches,
         key: Vec<u8>,
     ) -> Self {
@@ -94,7 +96,7 @@ impl KeyDeletion {
             key,
             id,
             notify,
-            shared: Arc::downgrade(shared),
+            registry: Arc::downgrade(registry),
         }
     }
 
@@ -113,8 +115,8 @@ impl KeyDeletion {
 
 impl Drop for KeyDeletion {
     fn drop(&mut self) {
-        if let Some(shared) = self.shared.upgrade() {
-            shared.deletions.lock().remove(&self.key, self.id);
+        if let Some(registry) = self.registry.upgrade() {
+            registry.lock().remove(&self.key, self.id);
         }
     }
 }

@@ -55,6 +55,7 @@ impl fmt::Debug for Environment {
 
 impl Environment {
     /// Wall-clock milliseconds since the Unix epoch.
+    #[allow(clippy::disallowed_methods)] // The seam itself: the real world's clock.
     pub(crate) fn wall_ms(&self) -> u64 {
         match &self.wall_clock {
             Some(c) => c.now_ms(),
@@ -73,6 +74,7 @@ impl Environment {
     }
 
     /// This replica's random number generator.
+    #[allow(clippy::disallowed_methods)] // The seam itself: the real world's randomness.
     pub(crate) fn rng(&self) -> rand::rngs::StdRng {
         use rand::SeedableRng;
         match self.seed {
@@ -91,6 +93,7 @@ pub trait WallClock: Send + Sync + 'static {
 struct SystemClock;
 
 impl WallClock for SystemClock {
+    #[allow(clippy::disallowed_methods)] // The seam itself: the real world's clock.
     fn now_ms(&self) -> u64 {
         Environment::default().wall_ms()
     }

@@ -118,9 +118,10 @@ pub(crate) struct MemberMeta {
 
 /// Identity of a single-member cluster (no `--initial-cluster`): random non-zero ids. Members
 /// of multi-member clusters derive theirs from `--initial-cluster` (`cluster::derive_ids`).
-pub(crate) fn new_identity(name: &str) -> MemberMeta {
-    let nonzero = || loop {
-        let v: u64 = rand::random();
+/// `rng` is the replica's (`Environment::rng`), so a seeded environment mints the same ids.
+pub(crate) fn new_identity(name: &str, rng: &mut impl rand::Rng) -> MemberMeta {
+    let mut nonzero = || loop {
+        let v: u64 = rng.gen();
         if v != 0 {
             return v;
         }

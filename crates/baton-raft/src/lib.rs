@@ -32,6 +32,7 @@
 //! On disk, under `data_dir`: `member.meta` (identity), `raft/vote`, `raft/wal/*.wal`,
 //! `snap/<term>-<index>.snap`.
 
+mod answer;
 mod cluster;
 mod deletions;
 mod election;
@@ -75,6 +76,8 @@ use openraft::metrics::WaitError;
 use openraft::{ChangeMembers, ServerState, SnapshotPolicy};
 use serde::{Deserialize, Serialize};
 
+use crate::answer::{fatal_error, leader_error};
+pub use crate::answer::{KeepAlive, ProposeError, Proposed};
 use crate::cluster::DerivedIds;
 pub use crate::cluster::{
     parse_initial_cluster, ClusterConfig, ClusterConfigError, InitialClusterState, InitialMember,
@@ -175,62 +178,6 @@ pub struct NodeStatus {
     pub disk_bytes: u64,
 }
 
-/// A write's outcome together with the term it was committed in (for response headers).
-///
-/// For a proposal made on a follower (forwarded to the leader), `applied.events` is empty:
-/// the leader does not ship them back, since this member's watchers get the same events
-/// from its own apply (which has happened by the time `propose` returns).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Proposed {
-    pub applied: Applied,
-    pub raft_term: u64,
-    /// The Raft log index of the entry that carried the command.
-    pub raft_index: u64,
-}
-
-/// Why a proposal or a linearizable read did not go through. The server maps these to etcd's
-/// `etcdserver: no leader` / `leader changed` / `request timed out`. Serializable: a leader
-/// sends them back to the follower that forwarded a request.
-#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ProposeError {
-    #[error("no leader")]
-    NoLeader,
-    #[error("not the leader (leader is {leader:?})")]
-    NotLeader { leader: Option<u64> },
-    #[error("leader changed")]
-    LeaderChanged,
-    #[error("request timed out")]
-    Timeout,
-    #[error("replica is shutting down")]
-    ShuttingDown,
-    /// Storage failed; the replica stops serving rather than risk acknowledging a lost write.
-    #[error("storage failure: {0}")]
-    Storage(String),
-    /// A proposal was forwarded to the leader, which failed (or could not be heard from)
-    /// before answering: it may or may not have been applied (etcd's "request timed out,
-    /// possibly due to previous leader failure").
-    #[error("the leader failed before answering: {0}")]
-    LeaderFailed(String),
-    /// The leader refused a membership change (another one is in progress, or the member is
-    /// unknown).
-    #[error("membership change refused: {0}")]
-    MembershipChange(String),
-    /// The queue of proposals in front of Raft is full (etcd's "too many requests"): retry
-    /// later. Nothing was done.
-    #[error("too many requests")]
-    TooManyRequests,
-    /// The command is one only the leader's own duties propose (lease expiry, checkpoints,
-    /// blank entries; see `origin`), and it came from a caller of [`Node::propose`] or a
-    /// peer. Nothing was done.
-    #[error("baton: {0} is proposed only by the leader itself, never on request")]
-    LeaderOnly(LeaderDuty),
-    /// The command adds data and this member's disk is (nearly) full or a `NOSPACE` alarm
-    /// is raised (see `space`). Nothing was done. Appended last: this enum travels between
-    /// members.
-    #[error("no space")]
-    NoSpace,
-}
-
 /// Why a replica could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -268,15 +215,6 @@ pub enum StartError {
         addr: SocketAddr,
         source: std::io::Error,
     },
-}
-
-/// Result of a lease keep-alive on the leader.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum KeepAlive {
-    /// Renewed; the lease's granted TTL in seconds.
-    Renewed { ttl_s: i64 },
-    /// No such lease (expired or revoked).
-    NotFound,
 }
 
 /// How long a proposal or read barrier may take before the caller gets `Timeout` (etcd's
@@ -378,22 +316,6 @@ fn invalid_data(path: &Path, msg: String) -> StartError {
     }
 }
 
-fn leader_error(leader: Option<u64>) -> ProposeError {
-    match leader {
-        None => ProposeError::NoLeader,
-        Some(id) => ProposeError::NotLeader { leader: Some(id) },
-    }
-}
-
-fn fatal_error(f: &Fatal<u64>, shutting_down: bool) -> ProposeError {
-    match f {
-        Fatal::Stopped if shutting_down => ProposeError::ShuttingDown,
-        Fatal::Stopped => ProposeError::Storage("raft stopped".into()),
-        Fatal::StorageError(e) => ProposeError::Storage(e.to_string()),
-        Fatal::Panicked => ProposeError::Storage("raft core panicked".into()),
-    }
-}
-
 /// Reads this member's identity, or mints and persists one on a pristine directory. A missing
 /// identity next to existing Raft state is refused: a new member id would not be a voter of
 /// the recorded membership and the replica could never make progress.
@@ -406,6 +328,7 @@ fn load_or_create_member(
     name: &str,
     pristine: bool,
     initial: Option<&(DerivedIds, InitialClusterState)>,
+    rng: &mut rand::rngs::StdRng,
 ) -> Result<MemberMeta, StartError> {
     let path = data_dir.join("member.meta");
     if files::has_old_member_magic(&path) {
@@ -444,7 +367,7 @@ fn load_or_create_member(
         )),
         None => {
             let meta = match initial {
-                None => files::new_identity(name),
+                None => files::new_identity(name, rng),
                 // `Node::start` joins instead (`membership::join_existing`).
                 Some((_, InitialClusterState::Existing)) => {
                     return Err(StartError::Raft(
@@ -563,6 +486,10 @@ impl Node {
         let (state, current_snapshot) = load_state(&snap_dir)?;
         let recovered = wal::recover(&raft_dir)?;
         let pristine = recovered.mem.is_pristine() && current_snapshot.is_none();
+        // This replica's randomness (`Environment::rng`): a new identity, then the election
+        // timeout and lease ids. Drawn before the identity, which only a single-member
+        // cluster mints (the simulation's members derive theirs, so its draws are unchanged).
+        let mut rng = config.env.rng();
         let member = match (&config.cluster, &initial) {
             (Some(c), Some((_, InitialClusterState::Existing))) if pristine => {
                 let listed = c
@@ -572,7 +499,13 @@ impl Node {
                     .collect();
                 membership::join_existing(&data_dir, &config, &c.token, listed).await?
             }
-            _ => load_or_create_member(&data_dir, &config.name, pristine, initial.as_ref())?,
+            _ => load_or_create_member(
+                &data_dir,
+                &config.name,
+                pristine,
+                initial.as_ref(),
+                &mut rng,
+            )?,
         };
         // Bound before Raft starts: a port conflict fails the start instead of leaving a
         // member that nobody can reach.
@@ -598,7 +531,6 @@ impl Node {
 
         let (mut election_timeout_min, mut election_timeout_max) =
             openraft_election_timeouts(&config)?;
-        let mut rng = config.env.rng();
         if config.env.seed.is_some() {
             // openraft draws the timeout from its own thread_rng; a range of one value makes
             // that draw a constant, picked here from the seed in the same range.
@@ -823,7 +755,7 @@ impl Node {
         let mut watches = shared.deletions.lock();
         let handles = keys
             .into_iter()
-            .map(|k| KeyDeletion::register(shared, &mut watches, k))
+            .map(|k| KeyDeletion::register(&shared.deletions, &mut watches, k))
             .collect();
         (r, handles)
     }

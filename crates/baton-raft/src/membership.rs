@@ -507,8 +507,9 @@ impl Inner {
                         return Err(MemberError::Unhealthy);
                     }
                 }
+                // The replica's randomness (`Environment::rng`), so a seeded one is replayable.
                 let id = loop {
-                    let id = rand::random::<u64>();
+                    let id = rand::Rng::gen::<u64>(&mut *self.rng.lock());
                     if id != 0 && membership.get_node(&id).is_none() {
                         break id;
                     }

@@ -20,10 +20,10 @@ use baton_core::Command;
 use openraft::error::ClientWriteError;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
+use crate::answer::{fatal_error, leader_error, ProposeError, Proposed};
 use crate::env::WallClock;
 use crate::sm::Shared;
 use crate::types::{Raft, Request};
-use crate::{fatal_error, leader_error, ProposeError, Proposed};
 
 /// Bounds one entry: it is fsynced, replicated and applied (under the write lock) as a unit.
 const MAX_BATCH_COMMANDS: usize = 1024;

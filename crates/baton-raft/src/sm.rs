@@ -57,7 +57,7 @@ pub(crate) struct Shared {
     pub(crate) state: RwLock<AppliedState>,
     pub(crate) hub: Mutex<WatchHub>,
     /// One-shot key-deletion watches (lock waiters).
-    pub(crate) deletions: Mutex<DeletionWatches>,
+    pub(crate) deletions: Arc<Mutex<DeletionWatches>>,
     pub(crate) leases: Mutex<LeaseClock>,
     pub(crate) revision_tx: watch::Sender<Revision>,
     snap_dir: PathBuf,
@@ -84,7 +84,7 @@ impl Shared {
         Shared {
             state: RwLock::new(state),
             hub: Mutex::new(hub),
-            deletions: Mutex::new(DeletionWatches::default()),
+            deletions: Arc::new(Mutex::new(DeletionWatches::default())),
             leases: Mutex::new(LeaseClock::default()),
             revision_tx,
             snap_dir,
@@ -261,6 +261,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapBuilder {
                 .shared
                 .defer_snapshot("too little free space to start one"));
         }
+        #[allow(clippy::disallowed_methods)] // How long the build took, for the log; no deadline.
         let started = std::time::Instant::now();
         let (meta, sm) = {
             let st = self.shared.state.read();

@@ -12,9 +12,9 @@ use bincode::Options;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::answer::{KeepAlive, ProposeError};
 use crate::membership::{MemberChange, MemberChanged, MemberError};
 use crate::types::Member;
-use crate::{KeepAlive, ProposeError};
 
 /// Bound on one peer message (either direction), and the gRPC limit of the peer service.
 /// Comfortably above the largest single Raft entry (a proposal batch is cut at 4 MiB, one

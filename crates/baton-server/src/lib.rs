@@ -25,92 +25,17 @@ pub mod locks;
 pub mod maintenance;
 pub mod metrics_layer;
 pub mod recv_limit_layer;
+mod shared;
 pub mod transport;
 pub mod v3lock;
 pub mod watch;
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
-use baton_proto::etcdserverpb as pb;
-use baton_raft::{Node, Proposed};
-use tonic::Status;
+pub use shared::{ServerConfig, Shared};
 
 /// etcd's gRPC receive limit: the request limit plus 512 KiB of framing headroom.
 pub const MAX_GRPC_RECV_BYTES: usize = baton_core::MAX_REQUEST_BYTES + 512 * 1024;
-
-/// What the server needs besides the replica.
-#[derive(Debug, Clone)]
-pub struct ServerConfig {
-    /// Addresses to serve the etcd gRPC API on.
-    pub client_addrs: Vec<SocketAddr>,
-    /// Addresses to serve `/metrics`, `/health` and `/version` on (in addition to nothing
-    /// else: the gRPC port does not multiplex HTTP/1).
-    pub metrics_addrs: Vec<SocketAddr>,
-    /// The smallest lease TTL granted, in seconds (etcd: ceil(1.5 × election timeout)).
-    pub min_lease_ttl_s: i64,
-    /// Interval of progress notifications for watchers that asked for them.
-    pub watch_progress_interval: Duration,
-    /// HTTP/2 streams one client connection may have open at once (etcd's
-    /// `--max-concurrent-streams`; default [`transport::DEFAULT_MAX_CONCURRENT_STREAMS`]).
-    pub max_concurrent_streams: u32,
-}
-
-/// State shared by all services: the replica and the bits every handler needs.
-#[derive(Clone)]
-pub struct Shared {
-    pub node: Node,
-    pub config: ServerConfig,
-}
-
-impl Shared {
-    /// A response header at `revision`, with this member's identity.
-    pub fn header_at(&self, revision: i64, raft_term: u64) -> pb::ResponseHeader {
-        let status = self.node.status();
-        pb::ResponseHeader {
-            cluster_id: status.cluster_id,
-            member_id: status.member_id,
-            revision,
-            raft_term,
-        }
-    }
-
-    /// A header at the current revision and term.
-    pub fn header(&self) -> pb::ResponseHeader {
-        let revision = self.node.read(|sm| sm.revision());
-        self.header_at(revision.0, self.term())
-    }
-
-    /// The current Raft term.
-    pub fn term(&self) -> u64 {
-        self.node.status().term
-    }
-
-    /// Proposes a command, mapping replication failures to etcd's statuses.
-    pub async fn propose(&self, command: baton_core::Command) -> Result<Proposed, Status> {
-        self.node
-            .propose(command)
-            .await
-            .map_err(|e| errors::propose_status(&e))
-    }
-
-    /// Waits until a linearizable read is safe.
-    pub async fn read_barrier(&self) -> Result<(), Status> {
-        self.node
-            .read_barrier()
-            .await
-            .map_err(|e| errors::propose_status(&e))
-    }
-
-    /// Fails with etcd's "no leader" when this member knows of none (clients that send
-    /// `hasleader=true` expect exactly that).
-    pub fn require_leader(&self) -> Result<(), Status> {
-        if self.node.status().leader_id.is_none() {
-            return Err(Status::unavailable(errors::NO_LEADER));
-        }
-        Ok(())
-    }
-}
 
 /// Serves the gRPC API on every client address and HTTP on every metrics address until
 /// `shutdown` resolves.

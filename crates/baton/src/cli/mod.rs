@@ -25,6 +25,7 @@ pub mod kv;
 pub mod lease;
 pub mod lock;
 pub mod member;
+pub mod ops;
 pub mod output;
 pub mod saga;
 pub mod session;

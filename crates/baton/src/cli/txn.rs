@@ -15,7 +15,7 @@ use clap::Parser;
 use serde::Deserialize;
 
 use super::client::parse_lease;
-use super::kv::{DelArgs, GetArgs, PutArgs};
+use super::ops::{DelArgs, GetArgs, PutArgs};
 
 /// Parses a transaction in either form.
 pub fn parse(input: &str) -> Result<Txn> {
