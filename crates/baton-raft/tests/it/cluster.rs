@@ -2,9 +2,6 @@
 //! from `--initial-cluster`-style config, followers routing proposals, read indexes and lease
 //! calls to the leader, published member attributes, and a new leader after the old one stops.
 
-// Tests drive replicas from outside: their timeouts and measurements are real time.
-#![allow(clippy::disallowed_methods)]
-
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::time::{Duration, Instant};

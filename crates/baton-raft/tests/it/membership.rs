@@ -2,9 +2,6 @@
 //! transport: a learner joins with an empty data directory, is refused promotion while it
 //! lags, is promoted, leadership moves to it, and a removed member learns it was removed.
 
-// Tests drive replicas from outside: their timeouts and measurements are real time.
-#![allow(clippy::disallowed_methods)]
-
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::time::{Duration, Instant};

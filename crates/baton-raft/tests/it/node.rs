@@ -1,9 +1,6 @@
 //! Integration tests of one replica on a real disk (tempdirs): durability across restarts,
 //! group commit, torn-tail recovery, corruption detection, snapshots and lease expiry.
 
-// Tests drive replicas from outside: their timeouts and measurements are real time.
-#![allow(clippy::disallowed_methods)]
-
 use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};

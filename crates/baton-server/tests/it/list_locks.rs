@@ -3,9 +3,6 @@
 //! `baton status` shows operators, so it must agree with `Inspect` on who holds a lock and
 //! how many wait, including during a lock-delay.
 
-// Tests drive replicas from outside: their timeouts and measurements are real time.
-#![allow(clippy::disallowed_methods)]
-
 use std::time::Duration;
 
 use baton_proto::baton::v1 as bv1;

@@ -4,9 +4,6 @@
 //! Timing-sensitive tests use 1 s leases (the server is configured with a 1 s minimum TTL)
 //! and assert bounds with generous slack; none sleeps longer than it must.
 
-// Tests drive replicas from outside: their timeouts and measurements are real time.
-#![allow(clippy::disallowed_methods)]
-
 use std::time::{Duration, Instant};
 
 use baton_proto::baton::v1 as bv1;
