@@ -174,7 +174,7 @@
 //! idempotent and checked against a marker row per branch, and a branch finished against
 //! the decision is reported as a heuristic outcome, never retried; the Recoverer resolves
 //! every prepared branch of its namespace and aborts undecided transactions past their
-//! deadline, its log writes fenced by its election. `baton txn list|show` shows the log.
+//! deadline, its log writes fenced by its election. `baton 2pc list|show` shows the log.
 //!
 //! # Sagas
 //!

@@ -72,7 +72,7 @@
 //!    iff the branch committed). A branch found finished against the decision (rolled back
 //!    by hand after a commit decision, or the reverse) is a *heuristic* outcome: recorded,
 //!    counted (`baton_txn_2pc_heuristic_total`), reported ([`Outcome::Heuristic`],
-//!    `baton txn show`) — never retried.
+//!    `baton 2pc show`) — never retried.
 //! 5. **Recovery finishes everything.** The Recoverer resolves every prepared branch of its
 //!    namespace by the recorded decision (including a PREPARE that landed after its
 //!    transaction was aborted) and aborts undecided transactions past their deadline.

@@ -25,7 +25,7 @@ pub struct RecovererConfig {
     pub attempts: u32,
     /// The session TTL of the Recoverer's election.
     pub session_ttl: Duration,
-    /// How long the records of finished transactions stay in the log (for `baton txn`)
+    /// How long the records of finished transactions stay in the log (for `baton 2pc`)
     /// before [`Recoverer::run`] deletes them (hourly).
     pub retention: Duration,
 }

@@ -1,4 +1,4 @@
-//! `baton txn list|show` — what an operator sees of the 2PC decision log — against a real
+//! `baton 2pc list|show` — what an operator sees of the 2PC decision log — against a real
 //! `baton serve`, the real PostgreSQL and the real `baton` binary (`target/debug/baton`, built
 //! by `cargo build -p baton`).
 //!
@@ -31,9 +31,9 @@ use serde_json::Value;
 
 const NS: &str = "t-cli";
 
-/// Runs `baton txn <args> --endpoints <endpoint>` (plus `--namespace <ns>` unless `args`
+/// Runs `baton 2pc <args> --endpoints <endpoint>` (plus `--namespace <ns>` unless `args`
 /// names one); returns (status, stdout, stderr).
-fn baton_txn(endpoint: &str, ns: &str, args: &[&str]) -> (i32, String, String) {
+fn baton_2pc(endpoint: &str, ns: &str, args: &[&str]) -> (i32, String, String) {
     let bin = baton_binary();
     assert!(
         bin.exists(),
@@ -41,14 +41,14 @@ fn baton_txn(endpoint: &str, ns: &str, args: &[&str]) -> (i32, String, String) {
         bin.display()
     );
     let mut cmd = Command::new(bin);
-    cmd.arg("txn").args(args).args(["--endpoints", endpoint]);
+    cmd.arg("2pc").args(args).args(["--endpoints", endpoint]);
     if !args.contains(&"--namespace") {
         cmd.args(["--namespace", ns]);
     }
     let out = cmd.output().unwrap();
     let stdout = String::from_utf8(out.stdout).unwrap();
     let stderr = String::from_utf8(out.stderr).unwrap();
-    println!("$ baton txn {}\n{stdout}{stderr}", args.join(" "));
+    println!("$ baton 2pc {}\n{stdout}{stderr}", args.join(" "));
     (out.status.code().unwrap_or(-1), stdout, stderr)
 }
 
@@ -259,7 +259,7 @@ async fn operators_see_every_state_and_heuristic_branches_loudly() {
     let id = |tx: TxId| tx.to_string();
 
     // ---- list ----------------------------------------------------------------------------
-    let (code, out, _) = baton_txn(&endpoint, NS, &["list"]);
+    let (code, out, _) = baton_2pc(&endpoint, NS, &["list"]);
     assert_eq!(code, 0);
     assert!(out.starts_with("ID "), "{out}");
     assert_cells(
@@ -294,14 +294,14 @@ async fn operators_see_every_state_and_heuristic_branches_loudly() {
         "time left to the deadline: {left:?}"
     );
 
-    let (code, out, _) = baton_txn(&endpoint, NS, &["list", "--limit", "2"]);
+    let (code, out, _) = baton_2pc(&endpoint, NS, &["list", "--limit", "2"]);
     assert_eq!(code, 0);
     assert_eq!(listed_ids(&out), newest_first[..2]);
 
-    let (code, out, _) = baton_txn(&endpoint, NS, &["list", "--state", "heuristic"]);
+    let (code, out, _) = baton_2pc(&endpoint, NS, &["list", "--state", "heuristic"]);
     assert_eq!(code, 0);
     assert_eq!(listed_ids(&out), vec![id(heuristic)]);
-    let (_, out, _) = baton_txn(
+    let (_, out, _) = baton_2pc(
         &endpoint,
         NS,
         &["list", "--state", "heuristic", "-o", "json"],
@@ -310,12 +310,12 @@ async fn operators_see_every_state_and_heuristic_branches_loudly() {
     assert_eq!(listed["tx"], id(heuristic));
     assert_eq!(listed["state"], "heuristic");
 
-    let (code, out, _) = baton_txn(&endpoint, NS, &["list", "--open"]);
+    let (code, out, _) = baton_2pc(&endpoint, NS, &["list", "--open"]);
     assert_eq!(code, 0);
     let mut open = vec![id(committing), id(preparing)];
     open.sort_by(|x, y| y.cmp(x));
     assert_eq!(listed_ids(&out), open);
-    let (_, out, _) = baton_txn(&endpoint, NS, &["list", "--open", "-o", "simple"]);
+    let (_, out, _) = baton_2pc(&endpoint, NS, &["list", "--open", "-o", "simple"]);
     assert_eq!(out.lines().count(), 2, "{out}");
     let simple = line_of(&out, &id(committing));
     assert!(
@@ -323,17 +323,17 @@ async fn operators_see_every_state_and_heuristic_branches_loudly() {
         "{simple:?}"
     );
 
-    let (code, _, err) = baton_txn(&endpoint, NS, &["list", "--state", "stuck"]);
+    let (code, _, err) = baton_2pc(&endpoint, NS, &["list", "--state", "stuck"]);
     assert_eq!(code, 1);
     assert!(
-        err.starts_with("baton txn list: unknown state \"stuck\"; use one of preparing,"),
+        err.starts_with("baton 2pc list: unknown state \"stuck\"; use one of preparing,"),
         "{err}"
     );
-    let (code, out, _) = baton_txn(&endpoint, NS, &["list", "--namespace", "t-cli-none"]);
+    let (code, out, _) = baton_2pc(&endpoint, NS, &["list", "--namespace", "t-cli-none"]);
     assert_eq!((code, out.trim()), (0, "no transactions"));
 
     // ---- show ----------------------------------------------------------------------------
-    let (code, out, _) = baton_txn(&endpoint, NS, &["show", &id(heuristic)]);
+    let (code, out, _) = baton_2pc(&endpoint, NS, &["show", &id(heuristic)]);
     assert_eq!(code, 0);
     assert_eq!(field(&out, "transaction"), id(heuristic));
     assert_eq!(field(&out, "state"), "heuristic");
@@ -370,7 +370,7 @@ async fn operators_see_every_state_and_heuristic_branches_loudly() {
     );
     assert_eq!(out.matches("HEURISTIC:").count(), 1, "only branch a");
 
-    let (code, out, _) = baton_txn(&endpoint, NS, &["show", &id(heuristic), "-o", "json"]);
+    let (code, out, _) = baton_2pc(&endpoint, NS, &["show", &id(heuristic), "-o", "json"]);
     assert_eq!(code, 0);
     let rec: Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(rec["tx"], id(heuristic));
@@ -390,11 +390,11 @@ async fn operators_see_every_state_and_heuristic_branches_loudly() {
     assert_eq!(back, log.get(heuristic).await.unwrap().unwrap());
 
     // A branch's GID, as pg_prepared_xacts shows it, finds its transaction.
-    let (code, out, _) = baton_txn(&endpoint, NS, &["show", &heur_b]);
+    let (code, out, _) = baton_2pc(&endpoint, NS, &["show", &heur_b]);
     assert_eq!(code, 0);
     assert_eq!(field(&out, "transaction"), id(heuristic));
 
-    let (code, out, _) = baton_txn(&endpoint, NS, &["show", &id(committing)]);
+    let (code, out, _) = baton_2pc(&endpoint, NS, &["show", &id(committing)]);
     assert_eq!(code, 0);
     assert_eq!(field(&out, "state"), "committing");
     assert!(out.contains("the Recoverer finishes"), "{out}");
@@ -412,7 +412,7 @@ async fn operators_see_every_state_and_heuristic_branches_loudly() {
     ));
     assert_eq!(a_row[2..], ["committed", "1", a_row[4], "-"]);
 
-    let (code, out, _) = baton_txn(&endpoint, NS, &["show", &id(aborted)]);
+    let (code, out, _) = baton_2pc(&endpoint, NS, &["show", &id(aborted)]);
     assert_eq!(code, 0);
     assert_eq!(field(&out, "decision"), "abort");
     assert_cells(
@@ -422,7 +422,7 @@ async fn operators_see_every_state_and_heuristic_branches_loudly() {
     assert!(!out.contains("HEURISTIC"));
     assert_eq!(out.matches(" rolled_back ").count(), 2, "{out}");
 
-    let (code, out, _) = baton_txn(&endpoint, NS, &["show", &id(preparing)]);
+    let (code, out, _) = baton_2pc(&endpoint, NS, &["show", &id(preparing)]);
     assert_eq!(code, 0);
     assert_eq!(field(&out, "decision"), "none yet");
     assert!(field(&out, "deadline").ends_with(" left)"), "{out}");
@@ -430,20 +430,20 @@ async fn operators_see_every_state_and_heuristic_branches_loudly() {
 
     // Unknown ids: a clear message on stderr, nothing on stdout, status 1.
     let unknown = id(TxId::generate());
-    let (code, out, err) = baton_txn(&endpoint, NS, &["show", &unknown]);
+    let (code, out, err) = baton_2pc(&endpoint, NS, &["show", &unknown]);
     assert_eq!((code, out.as_str()), (1, ""));
     assert_eq!(
         err.trim(),
-        format!("baton txn show: no transaction {unknown} in namespace {NS} (wrong --namespace?)")
+        format!("baton 2pc show: no transaction {unknown} in namespace {NS} (wrong --namespace?)")
     );
-    let (code, _, err) = baton_txn(
+    let (code, _, err) = baton_2pc(
         &endpoint,
         NS,
         &["show", &id(heuristic), "--namespace", "t-cli-none"],
     );
     assert_eq!(code, 1);
     assert!(err.contains("no transaction"), "{err}");
-    let (code, _, err) = baton_txn(&endpoint, NS, &["show", "order-42"]);
+    let (code, _, err) = baton_2pc(&endpoint, NS, &["show", "order-42"]);
     assert_eq!(code, 1);
     assert!(err.contains("invalid transaction id \"order-42\""), "{err}");
 

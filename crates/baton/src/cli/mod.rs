@@ -14,7 +14,7 @@
 //!   carries only machine-readable results so scripts can capture it.
 //! - `baton saga list|show|retry|skip|cancel` ([`saga`]): the saga log of `baton-txn`'s
 //!   orchestrator (kept in Baton), read and acted on directly, in the same three formats.
-//! - `baton txn list|show` ([`txn2pc`]): the two-phase-commit decision log of `baton-txn`
+//! - `baton 2pc list|show` ([`twopc`]): the two-phase-commit decision log of `baton-txn`
 //!   (kept in Baton), read only: finishing transactions is the Recoverer's job.
 
 pub mod bench;
@@ -30,8 +30,8 @@ pub mod output;
 pub mod saga;
 pub mod session;
 pub mod status;
+pub mod twopc;
 pub mod txn;
-pub mod txn2pc;
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! `baton txn list|show`: the two-phase-commit decision log of `baton-txn` (feature `twopc`)
+//! `baton 2pc list|show`: the two-phase-commit decision log of `baton-txn` (feature `twopc`)
 //! from the command line. It reads the records directly in Baton through
 //! [`BatonDecisionLog`], so it needs neither the participants' databases nor a running
 //! coordinator or Recoverer.
@@ -8,7 +8,8 @@
 //! step as it records the outcome. A CLI writing decisions or branch states beside it could
 //! record an outcome no database has.
 //!
-//! (The module is not called `txn`: `cli/txn.rs` parses the input of `baton kv txn`.)
+//! "txn" means etcd's transaction only (`baton kv txn`, parsed in `cli/txn.rs`): this command was
+//! `baton txn` before, and that name stays a hidden alias for one release.
 
 use anyhow::{anyhow, Result};
 use baton_txn::twopc::{
@@ -33,7 +34,7 @@ use super::output::{cut, emit, now_ms, one_line, span, utc, Format, Table};
                   Past its deadline the Recoverer aborts it on its next pass; if it stays, \
                   check that a Recoverer runs for this namespace.\n  \
                   committing  decided commit, some branch not committed yet (a database \
-                  was down). The Recoverer finishes it; `baton txn show` has each branch's \
+                  was down). The Recoverer finishes it; `baton 2pc show` has each branch's \
                   attempts and last error.\n  \
                   aborting    decided abort, some branch not rolled back yet. As committing.\n  \
                   committed   every branch committed.\n  \
@@ -45,13 +46,13 @@ use super::output::{cut, emit, now_ms, one_line, span, utc, Format, Table};
                   Output: --output table (default), simple (tab-separated, no header) or \
                   json (one record per line, with its `state`).",
     after_help = "Examples:\n  \
-                  baton txn list --open\n  \
-                  baton txn list --state heuristic --namespace payments\n  \
-                  baton txn show 018f3a5c7b2e4d1a9c0b8e7f6a5d4c3b\n  \
-                  baton txn show bt1:payments:018f3a5c7b2e4d1a9c0b8e7f6a5d4c3b:pg-ledger  \
+                  baton 2pc list --open\n  \
+                  baton 2pc list --state heuristic --namespace payments\n  \
+                  baton 2pc show 018f3a5c7b2e4d1a9c0b8e7f6a5d4c3b\n  \
+                  baton 2pc show bt1:payments:018f3a5c7b2e4d1a9c0b8e7f6a5d4c3b:pg-ledger  \
                   # a GID from pg_prepared_xacts"
 )]
-pub struct TxnArgs {
+pub struct TwoPcArgs {
     #[command(flatten)]
     pub client: ClientArgs,
     /// The namespace the coordinators and the Recoverer use (it is also the second part of
@@ -65,11 +66,11 @@ pub struct TxnArgs {
     )]
     pub namespace: String,
     #[command(subcommand)]
-    pub command: TxnCommand,
+    pub command: TwoPcCommand,
 }
 
 #[derive(Subcommand, Debug)]
-pub enum TxnCommand {
+pub enum TwoPcCommand {
     List(ListArgs),
     Show(ShowArgs),
 }
@@ -101,11 +102,11 @@ pub struct ShowArgs {
     pub id: String,
 }
 
-/// Runs `baton txn …`; returns the process exit status.
-pub async fn run(args: TxnArgs) -> i32 {
+/// Runs `baton 2pc …`; returns the process exit status.
+pub async fn run(args: TwoPcArgs) -> i32 {
     let name = match &args.command {
-        TxnCommand::List(_) => "txn list",
-        TxnCommand::Show(_) => "txn show",
+        TwoPcCommand::List(_) => "2pc list",
+        TwoPcCommand::Show(_) => "2pc show",
     };
     finish(name, run_inner(args).await)
 }
@@ -119,13 +120,13 @@ const STATES: [&str; 6] = [
     "heuristic",
 ];
 
-async fn run_inner(args: TxnArgs) -> Result<i32> {
+async fn run_inner(args: TwoPcArgs) -> Result<i32> {
     let format = args.client.output;
     // Check what can be checked before connecting, so a typo is not reported as a
     // connection problem.
     let target = match &args.command {
-        TxnCommand::Show(a) => Some(parse_target(&a.id, &args.namespace)?),
-        TxnCommand::List(a) => {
+        TwoPcCommand::Show(a) => Some(parse_target(&a.id, &args.namespace)?),
+        TwoPcCommand::List(a) => {
             if let Some(state) = &a.state {
                 if !STATES.contains(&state.as_str()) {
                     return Err(anyhow!(
@@ -141,7 +142,7 @@ async fn run_inner(args: TxnArgs) -> Result<i32> {
     let log = BatonDecisionLog::new(&client, &args.namespace).map_err(|e| anyhow!("{e}"))?;
     let now = now_ms();
     match args.command {
-        TxnCommand::List(a) => {
+        TwoPcCommand::List(a) => {
             let limit = a.limit as usize;
             let unfinished_only = a.open || a.state.as_deref().is_some_and(is_unfinished_name);
             let mut txs = log.list(limit).await.map_err(|e| anyhow!("{e}"))?;
@@ -171,7 +172,7 @@ async fn run_inner(args: TxnArgs) -> Result<i32> {
             }
             emit(&out);
         }
-        TxnCommand::Show(_) => {
+        TwoPcCommand::Show(_) => {
             let tx = target.expect("parsed above");
             let rec = log
                 .get(tx)
