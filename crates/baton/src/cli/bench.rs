@@ -10,7 +10,7 @@ pub async fn run(args: BenchArgs) -> i32 {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("baton bench: {e:#}");
-            super::EXIT_ERROR
+            super::exit::EXIT_ERROR
         }
     }
 }

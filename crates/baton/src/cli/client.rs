@@ -8,8 +8,9 @@ use anyhow::{anyhow, Result};
 use baton_client::{Client, ClientConfig};
 use clap::Args;
 
+use super::args::parse_duration;
+use super::exit::EXIT_ERROR;
 use super::output::Format;
-use super::{parse_duration, EXIT_ERROR};
 
 /// The flags every client command takes. They are global within their command group, so
 /// `baton kv --output json get k` and `baton kv get k --output json` mean the same.

@@ -12,9 +12,11 @@ use baton_client::{Client, ClientConfig, Election, Error};
 use clap::Args;
 use futures::StreamExt;
 
+use super::args::EndpointArgs;
 use super::client::describe;
+use super::exit::{EXIT_ERROR, EXIT_LOST};
 use super::session::{close, describe_loss};
-use super::{EndpointArgs, Signals, EXIT_ERROR, EXIT_LOST};
+use super::signals::Signals;
 
 #[derive(Args, Debug)]
 #[command(

@@ -21,7 +21,7 @@ use serde_json::{json, Map, Value};
 use super::client::{connect, describe, finish, ClientArgs};
 use super::ops::{DelArgs, GetArgs, PutArgs, FROM_KEY_END};
 use super::output::{emit, kv_json, kv_simple, kv_table, plural, short, text, Format};
-use super::Signals;
+use super::signals::Signals;
 
 #[derive(Args, Debug)]
 #[command(

@@ -10,9 +10,10 @@ use clap::{Args, Subcommand};
 use futures::StreamExt;
 use serde_json::{json, Value};
 
+use super::args::parse_duration;
 use super::client::{connect, describe, finish, parse_lease, ClientArgs};
 use super::output::{emit, emit_json, hex, text, Format, Table};
-use super::{parse_duration, Signals};
+use super::signals::Signals;
 
 #[derive(Args, Debug)]
 #[command(

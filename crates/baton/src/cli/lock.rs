@@ -15,11 +15,13 @@ use anyhow::Result;
 use baton_client::{Client, Error, Guard, LockOptions, Mutex};
 use clap::Args;
 
+use super::args::{parse_duration, EndpointArgs};
 use super::child::{exit_code, Child};
 use super::client::describe;
+use super::exit::{EXIT_ERROR, EXIT_LOST, EXIT_NOT_ACQUIRED};
 use super::output::hex;
 use super::session::{close, describe_loss};
-use super::{parse_duration, EndpointArgs, Signals, EXIT_ERROR, EXIT_LOST, EXIT_NOT_ACQUIRED};
+use super::signals::Signals;
 
 #[derive(Args, Debug)]
 #[command(

@@ -57,7 +57,7 @@ pub fn emit(text: &str) {
             std::process::exit(0);
         }
         eprintln!("baton: cannot write to stdout: {e}");
-        std::process::exit(super::EXIT_ERROR);
+        std::process::exit(super::exit::EXIT_ERROR);
     }
 }
 

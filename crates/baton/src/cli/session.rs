@@ -14,9 +14,9 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use baton_client::{Client, ClientConfig, LostReason, Session, SessionOptions};
 
+use super::args::EndpointArgs;
 use super::client::describe;
 use super::output::hex;
-use super::EndpointArgs;
 
 /// How long one endpoint gets to accept a connection before the next is tried. Short,
 /// because a member that does not answer a TCP handshake on loopback or a LAN within
