@@ -36,6 +36,7 @@ pub struct Entry {
 /// **Append-only.** bincode encodes a variant by its position, and every data directory's
 /// log (and the answers cached in snapshots) holds encoded commands: a variant inserted
 /// anywhere but at the end, or reordered, makes every existing log decode as other commands.
+/// Persisted: see [`crate::format`]; pinned by `tests/golden/command/`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Command {
     /// Does nothing (leader's first entry of a term, barriers).
@@ -130,7 +131,9 @@ pub enum Command {
     },
 }
 
-/// What an [`Command::Alarm`] does. Append-only (persisted in the log).
+/// What an [`Command::Alarm`] does.
+///
+/// Persisted: see [`crate::format`] (variants append-only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AlarmAction {
     Activate,
@@ -138,7 +141,8 @@ pub enum AlarmAction {
 }
 
 /// etcd's `AlarmType` without `NONE` (which means "any" in requests, never a raised alarm).
-/// Append-only: persisted in the log and in snapshots.
+///
+/// Persisted (log and snapshots): see [`crate::format`] (variants append-only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum AlarmType {
     /// A member's disk is (nearly) full: writes that add data are refused until it clears.
@@ -201,6 +205,7 @@ fn txn_puts(t: &TxnRequest) -> bool {
     })
 }
 
+/// Persisted: see [`crate::format`] (variants append-only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum SortOrder {
     #[default]
@@ -209,6 +214,7 @@ pub enum SortOrder {
     Descend,
 }
 
+/// Persisted: see [`crate::format`] (variants append-only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum SortTarget {
     #[default]
@@ -220,6 +226,8 @@ pub enum SortTarget {
 }
 
 /// etcd's `RangeRequest`. `revision <= 0` means the current revision.
+///
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct RangeRequest {
     pub range: KeyRange,
@@ -235,6 +243,7 @@ pub struct RangeRequest {
     pub max_create_revision: i64,
 }
 
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct RangeResponse {
     pub kvs: Vec<KeyValue>,
@@ -243,6 +252,7 @@ pub struct RangeResponse {
     pub count: i64,
 }
 
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct PutRequest {
     pub key: Vec<u8>,
@@ -253,23 +263,27 @@ pub struct PutRequest {
     pub ignore_lease: bool,
 }
 
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct PutResponse {
     pub prev_kv: Option<KeyValue>,
 }
 
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct DeleteRangeRequest {
     pub range: KeyRange,
     pub prev_kv: bool,
 }
 
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct DeleteRangeResponse {
     pub deleted: i64,
     pub prev_kvs: Vec<KeyValue>,
 }
 
+/// Persisted: see [`crate::format`] (variants append-only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CompareResult {
     Equal,
@@ -279,6 +293,8 @@ pub enum CompareResult {
 }
 
 /// What a compare looks at, with the operand.
+///
+/// Persisted: see [`crate::format`] (variants append-only).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CompareTarget {
     Version(i64),
@@ -289,6 +305,8 @@ pub enum CompareTarget {
 }
 
 /// etcd's `Compare`; with a non-empty `range.range_end` every key in the range must match.
+///
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Compare {
     pub range: KeyRange,
@@ -296,6 +314,7 @@ pub struct Compare {
     pub target: CompareTarget,
 }
 
+/// Persisted: see [`crate::format`] (variants append-only).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RequestOp {
     Range(RangeRequest),
@@ -304,6 +323,7 @@ pub enum RequestOp {
     Txn(TxnRequest),
 }
 
+/// Persisted: see [`crate::format`] (variants append-only).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ResponseOp {
     Range(RangeResponse),
@@ -312,6 +332,7 @@ pub enum ResponseOp {
     Txn(TxnResponse),
 }
 
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct TxnRequest {
     pub compare: Vec<Compare>,
@@ -319,6 +340,7 @@ pub struct TxnRequest {
     pub failure: Vec<RequestOp>,
 }
 
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct TxnResponse {
     pub succeeded: bool,
@@ -327,6 +349,8 @@ pub struct TxnResponse {
 
 /// Domain errors. Each maps to exactly one etcd status code and message in the server's
 /// error table; the `Display` text here is etcd's message so logs read the same.
+///
+/// Persisted: see [`crate::format`] (variants append-only).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 pub enum KvError {
     #[error("etcdserver: key is not provided")]
@@ -417,6 +441,8 @@ pub struct Applied {
 /// Per-command results. Domain errors are values, never panics: a failed command changes
 /// nothing. Serializable because a follower receives the leader's result of a forwarded
 /// command over the wire.
+///
+/// Persisted: see [`crate::format`] (variants append-only).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Response {
     Noop,
