@@ -38,6 +38,8 @@ mod election;
 mod env;
 mod files;
 mod forward;
+#[cfg(test)]
+mod golden;
 mod lease;
 mod membership;
 mod network;
