@@ -498,6 +498,16 @@ pub(crate) async fn ask_members(
                 _ => AskError::Failed(s.message().to_string()),
             })?
             .into_inner();
+        // A member of another build answered (one of this build refuses first, naming both
+        // versions in its message): its payload would be misread.
+        let theirs = wire::announced_format(resp.format_version);
+        if theirs != PEER_FORMAT_VERSION {
+            return Err(AskError::Failed(format!(
+                "{url} speaks peer format {theirs}, this member peer format \
+                 {PEER_FORMAT_VERSION}: every member of a cluster must run a Baton of the same \
+                 peer format"
+            )));
+        }
         Ok((resp.cluster_id, resp.payload))
     };
     tokio::time::timeout(timeout, call)
