@@ -27,12 +27,15 @@ pub const MAX_CLIENT_SESSIONS: usize = 100_000;
 pub const MAX_CACHED_RESPONSES: usize = 1024;
 
 /// A cached answer: the store revision right after the request was applied, and its response.
+///
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct CachedResponse {
     pub revision: i64,
     pub response: Response,
 }
 
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct ClientSession {
     timeout_ms: u64,

@@ -36,6 +36,7 @@ pub struct Entry {
 /// **Append-only.** bincode encodes a variant by its position, and every data directory's
 /// log (and the answers cached in snapshots) holds encoded commands: a variant inserted
 /// anywhere but at the end, or reordered, makes every existing log decode as other commands.
+/// Persisted: see [`crate::format`]; pinned by `tests/golden/command/`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Command {
     /// Does nothing (leader's first entry of a term, barriers).
@@ -130,7 +131,9 @@ pub enum Command {
     },
 }
 
-/// What an [`Command::Alarm`] does. Append-only (persisted in the log).
+/// What an [`Command::Alarm`] does.
+///
+/// Persisted: see [`crate::format`] (variants append-only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AlarmAction {
     Activate,
@@ -138,7 +141,8 @@ pub enum AlarmAction {
 }
 
 /// etcd's `AlarmType` without `NONE` (which means "any" in requests, never a raised alarm).
-/// Append-only: persisted in the log and in snapshots.
+///
+/// Persisted (log and snapshots): see [`crate::format`] (variants append-only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum AlarmType {
     /// A member's disk is (nearly) full: writes that add data are refused until it clears.
@@ -201,6 +205,7 @@ fn txn_puts(t: &TxnRequest) -> bool {
     })
 }
 
+/// Persisted: see [`crate::format`] (variants append-only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum SortOrder {
     #[default]
@@ -209,6 +214,7 @@ pub enum SortOrder {
     Descend,
 }
 
+/// Persisted: see [`crate::format`] (variants append-only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum SortTarget {
     #[default]
@@ -220,6 +226,8 @@ pub enum SortTarget {
 }
 
 /// etcd's `RangeRequest`. `revision <= 0` means the current revision.
+///
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct RangeRequest {
     pub range: KeyRange,
@@ -235,6 +243,7 @@ pub struct RangeRequest {
     pub max_create_revision: i64,
 }
 
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct RangeResponse {
     pub kvs: Vec<KeyValue>,
@@ -243,6 +252,7 @@ pub struct RangeResponse {
     pub count: i64,
 }
 
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct PutRequest {
     pub key: Vec<u8>,
@@ -253,23 +263,27 @@ pub struct PutRequest {
     pub ignore_lease: bool,
 }
 
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct PutResponse {
     pub prev_kv: Option<KeyValue>,
 }
 
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct DeleteRangeRequest {
     pub range: KeyRange,
     pub prev_kv: bool,
 }
 
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct DeleteRangeResponse {
     pub deleted: i64,
     pub prev_kvs: Vec<KeyValue>,
 }
 
+/// Persisted: see [`crate::format`] (variants append-only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CompareResult {
     Equal,
@@ -279,6 +293,8 @@ pub enum CompareResult {
 }
 
 /// What a compare looks at, with the operand.
+///
+/// Persisted: see [`crate::format`] (variants append-only).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CompareTarget {
     Version(i64),
@@ -289,6 +305,8 @@ pub enum CompareTarget {
 }
 
 /// etcd's `Compare`; with a non-empty `range.range_end` every key in the range must match.
+///
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Compare {
     pub range: KeyRange,
@@ -296,6 +314,7 @@ pub struct Compare {
     pub target: CompareTarget,
 }
 
+/// Persisted: see [`crate::format`] (variants append-only).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RequestOp {
     Range(RangeRequest),
@@ -304,6 +323,7 @@ pub enum RequestOp {
     Txn(TxnRequest),
 }
 
+/// Persisted: see [`crate::format`] (variants append-only).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ResponseOp {
     Range(RangeResponse),
@@ -312,6 +332,7 @@ pub enum ResponseOp {
     Txn(TxnResponse),
 }
 
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct TxnRequest {
     pub compare: Vec<Compare>,
@@ -319,6 +340,7 @@ pub struct TxnRequest {
     pub failure: Vec<RequestOp>,
 }
 
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct TxnResponse {
     pub succeeded: bool,
@@ -326,81 +348,74 @@ pub struct TxnResponse {
 }
 
 /// Domain errors. Each maps to exactly one etcd status code and message in the server's
-/// error table; the `Display` text here is etcd's message so logs read the same.
+/// error table (`baton-server/src/errors.rs`), which says it in etcd's words, byte for byte
+/// (clients match etcd's texts); the `Display` here only names what happened, for logs and
+/// the core's own test scripts.
+///
+/// Persisted: see [`crate::format`] (variants append-only; answers cached in snapshots hold
+/// them).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 pub enum KvError {
-    #[error("etcdserver: key is not provided")]
+    #[error("empty key")]
     EmptyKey,
-    #[error("etcdserver: key not found")]
+    #[error("key not found")]
     KeyNotFound,
-    #[error("etcdserver: requested lease not found")]
+    #[error("lease not found")]
     LeaseNotFound,
-    #[error("etcdserver: lease already exists")]
+    #[error("lease already exists")]
     LeaseExists,
-    #[error("etcdserver: too large lease TTL")]
+    #[error("lease TTL above the maximum")]
     LeaseTtlTooLarge,
-    #[error("etcdserver: too many operations in txn request")]
+    #[error("more operations in a txn than allowed")]
     TooManyOps,
-    #[error("etcdserver: duplicate key given in txn request")]
+    #[error("a key modified twice in one txn")]
     DuplicateKey,
-    #[error("etcdserver: mvcc: required revision has been compacted")]
+    #[error("revision compacted")]
     Compacted,
-    #[error("etcdserver: mvcc: required revision is a future revision")]
+    #[error("revision in the future")]
     FutureRevision,
-    #[error("etcdserver: request is too large")]
+    #[error("request above the size limit")]
     RequestTooLarge,
-    // ---- Baton's own (locks and fencing); not etcd's, so the messages say "baton:" ----
+    // ---- Baton's own (locks and fencing); not etcd's ----
     /// etcd's server silently grants a 60 s lease for `lease = 0` and orphans it, so the lock
     /// vanishes a minute later with no signal (dotnet-etcd#321). Baton refuses instead.
-    #[error(
-        "baton: a lease is required (lease = 0); etcd would silently attach an orphan 60 s \
-         lease here and the lock would vanish without notice"
-    )]
+    #[error("lock without a lease")]
     LeaseRequired,
-    #[error("baton: lock name is not provided")]
+    #[error("empty lock name")]
     EmptyLockName,
-    #[error("baton: fence resource is not provided")]
+    #[error("empty fence resource")]
     EmptyFenceResource,
-    #[error("baton: fencing token must be positive")]
+    #[error("fencing token not positive")]
     InvalidFencingToken,
-    #[error("baton: a reason is required for a force-release")]
+    #[error("force-release without a reason")]
     ReasonRequired,
-    #[error(
-        "baton: force-release reason is longer than {} bytes",
-        crate::locks::MAX_REASON_BYTES
-    )]
+    #[error("force-release reason above {} bytes", crate::locks::MAX_REASON_BYTES)]
     ReasonTooLong,
     /// The lock is not held by the key/token the caller named.
-    #[error("baton: not the holder")]
+    #[error("not the holder")]
     NotHolder,
-    #[error(
-        "baton: lock delay is longer than {} ms",
-        crate::locks::MAX_LOCK_DELAY_MS
-    )]
+    #[error("lock delay above {} ms", crate::locks::MAX_LOCK_DELAY_MS)]
     LockDelayTooLong,
-    #[error("baton: lock registry is full ({} locks)", crate::locks::MAX_LOCKS)]
+    #[error("lock registry full ({} locks)", crate::locks::MAX_LOCKS)]
     LockRegistryFull,
-    #[error(
-        "baton: fence table is full ({} resources)",
-        crate::locks::MAX_FENCE_RESOURCES
-    )]
+    #[error("fence table full ({} resources)", crate::locks::MAX_FENCE_RESOURCES)]
     FenceTableFull,
     /// The de-duplication session does not exist (never registered, idle past its timeout,
     /// or evicted). Whether an earlier attempt of the request was applied is unknown.
-    #[error("baton: client session not found (expired or never registered)")]
+    #[error("unknown client session")]
     UnknownClient,
     /// The request's sequence was acknowledged by the client, or its cached answer evicted:
     /// it cannot be told apart from a duplicate, so it is not applied.
-    #[error("baton: request sequence already acknowledged; use a new sequence number")]
+    #[error("sequence already acknowledged")]
     StaleSequence,
-    #[error("baton: request sequence must be positive")]
+    #[error("sequence not positive")]
     InvalidSequence,
     /// Only plain key-value writes and fence checks carry a sequence.
-    #[error("baton: this request cannot be de-duplicated")]
+    #[error("command cannot be de-duplicated")]
     NotDeduplicable,
     /// A `NoSpace` alarm is raised: the request would add data (etcd's `ErrNoSpace`, sent
     /// as `ErrGRPCNoSpace`). Appended last: cached answers in snapshots encode it.
-    #[error("etcdserver: mvcc: database space exceeded")]
+    #[error("no space (NOSPACE alarm raised)")]
     NoSpace,
 }
 
@@ -417,6 +432,8 @@ pub struct Applied {
 /// Per-command results. Domain errors are values, never panics: a failed command changes
 /// nothing. Serializable because a follower receives the leader's result of a forwarded
 /// command over the wire.
+///
+/// Persisted: see [`crate::format`] (variants append-only).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Response {
     Noop,

@@ -24,11 +24,13 @@
 //! `state_machine` checks then executes each entry; `mvcc` (private) holds every version of
 //! every key plus a revision-ordered change index; `validate` (private) holds etcd's
 //! stateless request checks; `watch` is the node-local watch hub; `crc32` (private) backs
-//! snapshot checksums and `hash_kv`.
+//! snapshot checksums and `hash_kv`; `format` states the rule every persisted type follows
+//! (variants append-only, fields never reorder) and what pins it (golden bytes).
 
 mod clients;
 pub mod command;
 mod crc32;
+pub mod format;
 pub mod locks;
 mod mvcc;
 pub mod state_machine;

@@ -104,6 +104,8 @@ pub(crate) fn lock_names_of(key: &[u8]) -> impl Iterator<Item = &[u8]> {
 }
 
 /// One operator force-release, as recorded.
+///
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ForceReleaseRecord {
     /// The released holder's key.
@@ -144,6 +146,8 @@ pub struct LockSummary {
 }
 
 /// A registry entry as stored (and snapshotted).
+///
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub(crate) struct LockRecord {
     pub(crate) delay_ms: u64,

@@ -40,6 +40,8 @@ pub(crate) type Key = Box<[u8]>;
 /// key, so that one is held inline: a vector per revision cost an allocation (32 bytes with
 /// glibc) per write. Serialized as a sequence of keys, exactly as the `Vec<Vec<u8>>` it
 /// replaced, so snapshots read back unchanged.
+///
+/// Persisted: see [`crate::format`] (the encoding is that sequence, whatever the variant).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Changed {
     One(Key),
@@ -95,6 +97,8 @@ pub(crate) const VERSION_OVERHEAD_BYTES: u64 = 64;
 
 /// The data of a live version. `mod_revision` lives in [`Version`] and the key in the map, so
 /// neither is stored twice.
+///
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Live {
     pub(crate) create_revision: i64,
@@ -105,6 +109,8 @@ pub(crate) struct Live {
 }
 
 /// One version of one key: a live value or a tombstone (`live == None`).
+///
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Version {
     pub(crate) mod_revision: i64,

@@ -59,6 +59,8 @@ pub struct HistoryBatch {
 
 /// A lease as stored. The key set is the reverse index of `Live::lease`, kept so revoking a
 /// lease does not scan the store.
+///
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct LeaseRecord {
     granted_ttl_s: i64,
@@ -79,6 +81,8 @@ const SNAPSHOT_FORMAT_V2: u8 = 2;
 const SNAPSHOT_FORMAT_V1: u8 = 1;
 
 /// Everything `snapshot` writes, borrowed (so snapshotting does not clone the store).
+///
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Serialize)]
 struct SnapshotBodyRef<'a> {
     revision: i64,
@@ -96,6 +100,8 @@ struct SnapshotBodyRef<'a> {
 
 /// The owned twin of `SnapshotBodyRef`; bincode is positional, so the two must list the same
 /// fields in the same order.
+///
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Deserialize)]
 struct SnapshotBody {
     revision: i64,
@@ -112,6 +118,8 @@ struct SnapshotBody {
 }
 
 /// Format 3's body: `SnapshotBody` without alarms.
+///
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Deserialize)]
 struct SnapshotBodyV3 {
     revision: i64,
@@ -145,6 +153,8 @@ impl From<SnapshotBodyV3> for SnapshotBody {
 }
 
 /// Format 2's body: `SnapshotBody` without de-duplication sessions.
+///
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Deserialize)]
 struct SnapshotBodyV2 {
     revision: i64,
@@ -177,6 +187,8 @@ impl From<SnapshotBodyV2> for SnapshotBody {
 }
 
 /// Format 1's body: `SnapshotBody` without locks and fences.
+///
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Deserialize)]
 struct SnapshotBodyV1 {
     revision: i64,

@@ -7,12 +7,16 @@ use serde::{Deserialize, Serialize};
 
 /// The store's global revision. Every mutating request that changes something gets exactly one.
 /// Revision 1 is the empty store (etcd starts there too), so the first write gets revision 2.
+///
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
 )]
 pub struct Revision(pub i64);
 
 /// A lease id. `LeaseId(0)` means "no lease" on the etcd wire and is never granted.
+///
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
 )]
@@ -28,18 +32,24 @@ impl LeaseId {
 }
 
 /// Position of an entry in the replicated log.
+///
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
 )]
 pub struct LogIndex(pub u64);
 
 /// A Raft term.
+///
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
 )]
 pub struct Term(pub u64);
 
 /// One version of a key, as etcd's `mvccpb.KeyValue`.
+///
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct KeyValue {
     pub key: Vec<u8>,
@@ -52,6 +62,8 @@ pub struct KeyValue {
 }
 
 /// Kind of a change, as etcd's `mvccpb.Event.EventType`.
+///
+/// Persisted: see [`crate::format`] (variants append-only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum EventKind {
     Put,
@@ -60,6 +72,8 @@ pub enum EventKind {
 
 /// One change to one key at one revision. A delete's `kv` carries the key and
 /// `mod_revision` = the delete revision (other fields zero), as etcd does.
+///
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {
     pub kind: EventKind,
@@ -72,6 +86,8 @@ pub struct Event {
 /// A half-open key interval `[key, range_end)` with etcd's conventions:
 /// empty `range_end` = the single key; `range_end == [0]` = every key `>= key`;
 /// `key == [0] && range_end == [0]` = every key.
+///
+/// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct KeyRange {
     pub key: Vec<u8>,

@@ -39,6 +39,8 @@ mod election;
 mod env;
 mod files;
 mod forward;
+#[cfg(test)]
+mod golden;
 mod lease;
 mod membership;
 mod network;
@@ -196,6 +198,17 @@ pub enum StartError {
     },
     #[error("corrupt snapshot {path}: {reason}")]
     CorruptSnapshot { path: PathBuf, reason: String },
+    /// The log was written in a newer format than this binary reads (`wal.rs`: format
+    /// versions): it is refused rather than misread. Run the newer Baton that wrote it.
+    #[error(
+        "raft log {path} is in log format {found}, but this Baton reads log formats up to \
+         {supported}: it was written by a newer Baton; run that version (or a newer one)"
+    )]
+    UnsupportedLogFormat {
+        path: PathBuf,
+        found: u32,
+        supported: u32,
+    },
     #[error("raft: {0}")]
     Raft(String),
     /// Another process holds the data directory; two members writing one log would corrupt

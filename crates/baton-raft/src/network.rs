@@ -32,7 +32,9 @@ use tonic::transport::{Channel, Endpoint};
 use crate::env::PeerTransport;
 use crate::membership::ClusterCredential;
 use crate::types::{Member, TypeConfig};
-use crate::wire::{self, WireError, MAX_PEER_MESSAGE_BYTES};
+use crate::wire::{
+    self, WireError, FORMAT_VERSION_METADATA, MAX_PEER_MESSAGE_BYTES, PEER_FORMAT_VERSION,
+};
 
 /// How long establishing a TCP connection to a peer may take. Loopback and LAN peers answer
 /// in microseconds; a peer that does not is treated as down rather than waited for.
@@ -76,6 +78,14 @@ pub(crate) enum PeerError {
     /// No answer within the time given: the request may have been processed.
     #[error("call to member {target:x} timed out after {after:?}")]
     Timeout { target: u64, after: Duration },
+    /// Not delivered: the peer speaks another payload format (another Baton build), so
+    /// neither end can read the other's messages. Retrying does not help; an operator must
+    /// run one build on every member.
+    #[error(
+        "member {target:x} speaks peer format {theirs}, this member peer format {ours}: \
+         every member of a cluster must run a Baton of the same peer format"
+    )]
+    IncompatibleFormat { target: u64, theirs: u32, ours: u32 },
 }
 
 impl PeerError {
@@ -83,9 +93,23 @@ impl PeerError {
     pub(crate) fn not_delivered(&self) -> bool {
         matches!(
             self,
-            PeerError::Unreachable { .. } | PeerError::WrongPeer { .. }
+            PeerError::Unreachable { .. }
+                | PeerError::WrongPeer { .. }
+                | PeerError::IncompatibleFormat { .. }
         )
     }
+}
+
+/// The refusing peer's payload format, if `status` is a format refusal
+/// (`peer_server::Refusal::FormatVersion`, which names it in the metadata).
+fn format_refusal(status: &tonic::Status) -> Option<u32> {
+    status
+        .metadata()
+        .get(FORMAT_VERSION_METADATA)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
 }
 
 /// Whether a transport failure is a refused connection (nothing was sent). tonic reports
@@ -125,6 +149,9 @@ pub(crate) struct Peers {
     removed: tokio::sync::watch::Sender<bool>,
     /// Injected transport (simulation); `None`: TCP.
     transport: Option<Arc<dyn PeerTransport>>,
+    /// Per peer, the foreign payload format last reported in the log, so a mismatch is
+    /// logged once per peer and version rather than at every heartbeat.
+    format_reported: Mutex<HashMap<u64, u32>>,
 }
 
 impl Peers {
@@ -145,7 +172,22 @@ impl Peers {
             last_answer: Mutex::new(HashMap::new()),
             removed: tokio::sync::watch::channel(false).0,
             transport,
+            format_reported: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The error for a peer of another payload format, logged (once per peer and version)
+    /// as the operator's problem it is.
+    fn incompatible(&self, target: u64, theirs: u32) -> PeerError {
+        let e = PeerError::IncompatibleFormat {
+            target,
+            theirs,
+            ours: PEER_FORMAT_VERSION,
+        };
+        if self.format_reported.lock().insert(target, theirs) != Some(theirs) {
+            tracing::error!(peer = format_args!("{target:x}"), "{e}");
+        }
+        e
     }
 
     /// Whether `target` answered a call within `within`.
@@ -213,6 +255,7 @@ impl Peers {
             to: target,
             payload,
             credential: self.credential.clone(),
+            format_version: PEER_FORMAT_VERSION,
         };
         let call = async move {
             match method {
@@ -233,6 +276,9 @@ impl Peers {
                 })
             }
             Ok(Err(status)) => {
+                if let Some(theirs) = format_refusal(&status) {
+                    return Err(self.incompatible(target, theirs));
+                }
                 let reason = format!("{method:?}: {}", status.message());
                 if status.code() == tonic::Code::PermissionDenied
                     && status.message() == crate::membership::REMOVED_MESSAGE
@@ -257,6 +303,10 @@ impl Peers {
             Ok(Ok(resp)) => resp.into_inner(),
         };
         self.last_answer.lock().insert(target, Instant::now());
+        let theirs = wire::announced_format(resp.format_version);
+        if theirs != PEER_FORMAT_VERSION {
+            return Err(self.incompatible(target, theirs));
+        }
         if resp.cluster_id != self.cluster_id || resp.from != target || resp.to != self.me {
             return Err(PeerError::Failed {
                 target,
@@ -438,6 +488,7 @@ pub(crate) async fn ask_members(
             to: 0,
             payload,
             credential: Vec::new(),
+            format_version: PEER_FORMAT_VERSION,
         };
         let resp = client
             .members(msg)
@@ -447,9 +498,50 @@ pub(crate) async fn ask_members(
                 _ => AskError::Failed(s.message().to_string()),
             })?
             .into_inner();
+        // A member of another build answered (one of this build refuses first, naming both
+        // versions in its message): its payload would be misread.
+        let theirs = wire::announced_format(resp.format_version);
+        if theirs != PEER_FORMAT_VERSION {
+            return Err(AskError::Failed(format!(
+                "{url} speaks peer format {theirs}, this member peer format \
+                 {PEER_FORMAT_VERSION}: every member of a cluster must run a Baton of the same \
+                 peer format"
+            )));
+        }
         Ok((resp.cluster_id, resp.payload))
     };
     tokio::time::timeout(timeout, call)
         .await
         .map_err(|_| AskError::Failed(format!("no answer within {timeout:?}")))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::peer_server::check_format;
+
+    /// A receiver's format refusal reaches the sender as `IncompatibleFormat` with both
+    /// versions, counted as not delivered (it was refused before being decoded); other
+    /// refusals are not mistaken for it.
+    #[test]
+    fn a_format_refusal_is_surfaced_with_both_versions() {
+        let status = check_format(7).unwrap_err().into_status();
+        assert_eq!(format_refusal(&status), Some(PEER_FORMAT_VERSION));
+        let wrong_peer = tonic::Status::failed_precondition("baton: peer message for cluster 1");
+        assert_eq!(format_refusal(&wrong_peer), None);
+
+        // What the receiver of format 1 tells a sender of format 7, seen from that sender.
+        let peers = Peers::new(1, 2, None, None);
+        let e = peers.incompatible(3, 7);
+        assert!(e.not_delivered());
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "member 3 speaks peer format 7, this member peer format {PEER_FORMAT_VERSION}: \
+                 every member of a cluster must run a Baton of the same peer format"
+            )
+        );
+        // Logged once per peer and version.
+        assert_eq!(peers.format_reported.lock().get(&3), Some(&7));
+    }
 }

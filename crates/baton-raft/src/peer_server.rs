@@ -24,6 +24,10 @@
 //!   only for itself: its own disk is full (a client may not raise one);
 //! - `Members` answers only a request with the cluster token's credential.
 //!
+//! Before any of that, every request's envelope must announce this binary's payload format
+//! (`wire::PEER_FORMAT_VERSION`; absent means 1): a member of another build is refused
+//! before its payload is decoded, with both versions named (`format_version`).
+//!
 //! So a token holder's forged forwarded request can do at most what a client of the receiver
 //! could. What these checks cannot bound is openraft's own messages from a token holder: a
 //! forged `AppendEntries` or `InstallSnapshot` with a higher term is a leader as far as Raft
@@ -44,7 +48,10 @@ use crate::env::{PeerIncoming, PeerTransport};
 use crate::membership::{ClusterCredential, JoinRequest, SenderStanding, REMOVED_MESSAGE};
 use crate::origin::{self, LeaderDuty};
 use crate::types::{Raft, TypeConfig};
-use crate::wire::{self, LeaderRequest, LeaderResponse, MAX_PEER_MESSAGE_BYTES};
+use crate::wire::{
+    self, LeaderRequest, LeaderResponse, FORMAT_VERSION_METADATA, MAX_PEER_MESSAGE_BYTES,
+    PEER_FORMAT_VERSION,
+};
 use crate::{Inner, ProposeError, StartError};
 
 /// Concurrent calls per peer connection. Peers make a handful (one replication stream, votes,
@@ -92,6 +99,13 @@ pub(crate) enum Refusal {
     /// `Members`) or in a joiner's request (`Members`, also when undecodable).
     #[error("baton: peer requests need the credential of this cluster's --initial-cluster-token")]
     NoClusterToken,
+    /// The envelope announces a payload format this binary does not speak: the sender runs
+    /// another Baton build, and its payload would be misread.
+    #[error(
+        "baton: peer message in peer format {theirs}, but this member speaks peer format \
+         {ours}: every member of a cluster must run a Baton of the same peer format"
+    )]
+    FormatVersion { theirs: u32, ours: u32 },
 }
 
 impl Refusal {
@@ -104,19 +118,29 @@ impl Refusal {
             Refusal::PublishForAnother { .. } => "publish_for_another",
             Refusal::AlarmForAnother { .. } => "alarm_for_another",
             Refusal::NoClusterToken => "no_cluster_token",
+            Refusal::FormatVersion { .. } => "format_version",
         }
     }
 
     /// Counts the refusal and makes the sender's status. PermissionDenied, except
     /// `UnknownSender`: FailedPrecondition means "not delivered: wrong peer" to a sender
     /// (`network`), which then retries with whoever leads.
-    fn into_status(self) -> Status {
+    pub(crate) fn into_status(self) -> Status {
         metrics::counter!("baton_peer_refused_total", "reason" => self.reason()).increment(1);
         // Debug, not warn: the sender decides how often this happens; the counter is the
         // operator's signal.
         tracing::debug!(refusal = %self, "peer message refused");
         match self {
             Refusal::UnknownSender(_) => Status::failed_precondition(self.to_string()),
+            // Not delivered, and said so in a form the sender reads back (`network`).
+            Refusal::FormatVersion { ours, .. } => {
+                let mut status = Status::failed_precondition(self.to_string());
+                status.metadata_mut().insert(
+                    FORMAT_VERSION_METADATA,
+                    ours.to_string().parse().expect("digits"),
+                );
+                status
+            }
             Refusal::FromReceiver(_)
             | Refusal::Removed(_)
             | Refusal::LeaderOnly(_)
@@ -124,6 +148,20 @@ impl Refusal {
             | Refusal::AlarmForAnother { .. }
             | Refusal::NoClusterToken => Status::permission_denied(self.to_string()),
         }
+    }
+}
+
+/// Whether an envelope's payload format is this binary's (an absent field is 1: see
+/// `wire::announced_format`).
+pub(crate) fn check_format(field: u32) -> Result<(), Refusal> {
+    let theirs = wire::announced_format(field);
+    if theirs == PEER_FORMAT_VERSION {
+        Ok(())
+    } else {
+        Err(Refusal::FormatVersion {
+            theirs,
+            ours: PEER_FORMAT_VERSION,
+        })
     }
 }
 
@@ -169,6 +207,8 @@ impl PeerService {
         // certificates) must name `msg.from`. Until then `from` is taken at its word, and
         // the checks after this one bound what a false word can do.
         let msg = req.into_inner();
+        // First: the version says how everything else in the message is to be read.
+        check_format(msg.format_version).map_err(Refusal::into_status)?;
         if msg.cluster_id != self.cluster_id || msg.to != self.me {
             // FailedPrecondition tells the sender "not delivered: wrong peer".
             return Err(Status::failed_precondition(format!(
@@ -202,6 +242,7 @@ impl PeerService {
             to,
             payload,
             credential: Vec::new(),
+            format_version: PEER_FORMAT_VERSION,
         }))
     }
 }
@@ -301,6 +342,7 @@ impl RaftService for PeerService {
             to: from,
             payload,
             credential: Vec::new(),
+            format_version: PEER_FORMAT_VERSION,
         }))
     }
 
@@ -312,6 +354,7 @@ impl RaftService for PeerService {
         // the credential of the token it was given instead; anyone else learns neither the
         // ids nor the peer URLs a forger would need (an undecodable request shows none).
         let msg = request.into_inner();
+        check_format(msg.format_version).map_err(Refusal::into_status)?;
         let req = decode::<JoinRequest>(&msg.payload)
             .ok()
             .filter(|req| {
@@ -492,6 +535,26 @@ mod tests {
         }
     }
 
+    /// An envelope of this binary's format, or without the field (a binary from before it:
+    /// format 1), is heard; any other is refused naming both versions, and the status tells
+    /// the sender this member's version in its metadata (read back in `network`).
+    #[test]
+    fn envelopes_of_another_format_are_refused_naming_both_versions() {
+        assert_eq!(PEER_FORMAT_VERSION, 1, "update this test with the version");
+        assert_eq!(check_format(0), Ok(()));
+        assert_eq!(check_format(PEER_FORMAT_VERSION), Ok(()));
+        let refusal = check_format(2).unwrap_err();
+        assert_eq!(refusal, Refusal::FormatVersion { theirs: 2, ours: 1 });
+        let status = refusal.into_status();
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+        assert_eq!(
+            status.message(),
+            "baton: peer message in peer format 2, but this member speaks peer format 1: \
+             every member of a cluster must run a Baton of the same peer format"
+        );
+        assert_eq!(status.metadata().get(FORMAT_VERSION_METADATA).unwrap(), "1");
+    }
+
     #[test]
     fn refusals_have_their_status_and_label() {
         let cases = [
@@ -529,6 +592,11 @@ mod tests {
                 Refusal::NoClusterToken,
                 tonic::Code::PermissionDenied,
                 "no_cluster_token",
+            ),
+            (
+                Refusal::FormatVersion { theirs: 2, ours: 1 },
+                tonic::Code::FailedPrecondition,
+                "format_version",
             ),
         ];
         for (refusal, code, reason) in cases {

@@ -3,11 +3,25 @@
 //! # Layout
 //! `data_dir/raft/wal/<generation:016x>.wal`. Each file is a sequence of records
 //! `[len u32 LE][crc32(len ‖ payload) u32 LE][payload = bincode(Record)]`. A generation starts
-//! with a `GenerationStart` record (purge point and committed id) followed by every
+//! with a `FormatVersion` record (see below), then a `GenerationStart` record (purge point
+//! and committed id) followed by every
 //! not-yet-purged entry, so **the newest generation alone describes the whole log**; it is then
 //! extended with `Entries`, `TruncateSince`, `PurgeUpto` and `Committed` records. The file is
 //! allocated ahead in [`PREALLOCATE_BYTES`] steps, so the records are followed by zeros (an
 //! all-zero header is never a valid record: its CRC does not match).
+//!
+//! # Format version
+//! The first record of every generation written by this code is `FormatVersion(2)`
+//! ([`WAL_FORMAT_VERSION`]). A generation that starts with `GenerationStart` instead was
+//! written before versions existed: format 1, whose records are the same, read as they are.
+//! Such a generation is extended with records as usual and carries a version only once a
+//! rewrite replaces it. Recovery refuses a generation whose version is above what this binary
+//! knows (`StartError::UnsupportedLogFormat`, naming both) instead of misreading it. So the
+//! version record's encoding is the one thing every future format keeps: `Record` tag 5 and a
+//! `u32`, as the very first record. (A binary from before versions meets tag 5 at offset 0
+//! and refuses the file as a bad generation header: a downgrade is refused, never misread.)
+//! The record types themselves follow `baton_core::format` and are pinned by
+//! `tests::golden_records`.
 //!
 //! # Reclaiming space
 //! Purged and truncated entries become dead bytes. When dead bytes reach
@@ -97,7 +111,15 @@ const PREALLOCATE_BYTES: u64 = 1 << 20;
 const MAX_BATCH_OPS: usize = 4096;
 const MAX_BATCH_BYTES: usize = 32 << 20;
 
-/// What a record says. Decoding side; see [`RecordRef`] for the encoding side.
+/// The log format this binary writes (see the module docs): 1 = generations without a
+/// version record (before versions existed), 2 = a `FormatVersion` record first. Bump it when
+/// a record changes in a way an older binary would misread.
+pub(crate) const WAL_FORMAT_VERSION: u32 = 2;
+/// The format of a generation that starts without a version record.
+const WAL_FORMAT_UNVERSIONED: u32 = 1;
+
+/// What a record says. Decoding side; see [`RecordRef`] for the encoding side. Persisted:
+/// variants append-only (`baton_core::format`).
 #[derive(Deserialize)]
 enum Record {
     /// First record of every generation: the log is empty after `purged`.
@@ -113,11 +135,14 @@ enum Record {
     PurgeUpto(LogId),
     /// openraft's committed pointer (optional state; lets a restart apply before an election).
     Committed(Option<LogId>),
+    /// The generation's log format ([`WAL_FORMAT_VERSION`]); only ever its very first record,
+    /// before `GenerationStart`. Absent in format 1.
+    FormatVersion(u32),
 }
 
 /// Encoding twin of [`Record`] that borrows the entries. Same variants in the same order, so
 /// bincode produces identical bytes (a unit test checks).
-#[derive(Serialize)]
+#[derive(Debug, Serialize)]
 enum RecordRef<'a> {
     GenerationStart {
         purged: Option<LogId>,
@@ -127,6 +152,7 @@ enum RecordRef<'a> {
     TruncateSince(u64),
     PurgeUpto(LogId),
     Committed(Option<LogId>),
+    FormatVersion(u32),
 }
 
 fn record_crc(len: u32, payload: &[u8]) -> u32 {
@@ -438,6 +464,11 @@ impl MemLog {
             Record::TruncateSince(i) => self.truncate_since(i)?,
             Record::PurgeUpto(id) => self.purge_upto(id)?,
             Record::Committed(c) => self.committed = c,
+            Record::FormatVersion(v) => {
+                return Err(format!(
+                    "a format version record ({v}) after the start of the generation"
+                ))
+            }
         }
         Ok(())
     }
@@ -533,11 +564,12 @@ impl MemLog {
         fetch(self.plan(range)?)
     }
 
-    /// Encodes a fresh generation: header plus `entries` (every live entry, in order), with
-    /// where each entry lands in it.
+    /// Encodes a fresh generation: format version, header, then `entries` (every live entry,
+    /// in order), with where each entry lands in it.
     fn encode_generation(&self, generation: u64, entries: &[RaftEntry]) -> (Vec<u8>, Vec<Loc>) {
         debug_assert_eq!(entries.len(), self.metas.len());
         let mut out = Vec::with_capacity(self.live_bytes as usize + 4096);
+        encode_record(&mut out, &RecordRef::FormatVersion(WAL_FORMAT_VERSION));
         encode_record(
             &mut out,
             &RecordRef::GenerationStart {
@@ -721,11 +753,29 @@ pub(crate) fn recover(raft_dir: &Path) -> Result<Recovered, StartError> {
         ));
     }
     let mut pos = 0;
+    // Where `GenerationStart` must be: first, or right after a format version record.
+    let mut header_at = 0;
+    let mut format = WAL_FORMAT_UNVERSIONED;
     while pos < bytes.len() {
         match parse_record(&bytes, pos) {
+            Ok((Record::FormatVersion(v), next)) if pos == 0 => {
+                if v > WAL_FORMAT_VERSION {
+                    return Err(StartError::UnsupportedLogFormat {
+                        path: path.clone(),
+                        found: v,
+                        supported: WAL_FORMAT_VERSION,
+                    });
+                }
+                if v <= WAL_FORMAT_UNVERSIONED {
+                    return Err(corrupt(0, format!("format version {v} is never written")));
+                }
+                format = v;
+                header_at = next;
+                pos = next;
+            }
             Ok((rec, next)) => {
                 let is_start = matches!(rec, Record::GenerationStart { .. });
-                if (pos == 0) != is_start {
+                if (pos == header_at) != is_start {
                     return Err(corrupt(pos, "generation header misplaced".into()));
                 }
                 let len = u32::try_from(next - pos).expect("records are below MAX_RECORD_BYTES");
@@ -733,10 +783,10 @@ pub(crate) fn recover(raft_dir: &Path) -> Result<Recovered, StartError> {
                     .map_err(|reason| corrupt(pos, format!("impossible log: {reason}")))?;
                 pos = next;
             }
-            Err(reason) if pos == 0 => {
+            Err(reason) if pos <= header_at => {
                 // The header is written with the whole file before the rename, so it cannot be
                 // torn by a crash.
-                return Err(corrupt(0, format!("bad generation header: {reason}")));
+                return Err(corrupt(pos, format!("bad generation header: {reason}")));
             }
             Err(_) if bytes[pos..].iter().all(|&b| b == 0) => {
                 // Preallocated space (see `PREALLOCATE_BYTES`), or a crash before anything of
@@ -766,6 +816,19 @@ pub(crate) fn recover(raft_dir: &Path) -> Result<Recovered, StartError> {
                 break;
             }
         }
+    }
+    if header_at > 0 && pos == header_at {
+        return Err(corrupt(
+            pos,
+            "a format version record and no generation header".into(),
+        ));
+    }
+    if format == WAL_FORMAT_UNVERSIONED {
+        tracing::info!(
+            path = %path.display(),
+            "raft log generation of format 1 (written before format versions); read as is, \
+             its next rewrite writes format {WAL_FORMAT_VERSION}"
+        );
     }
     mem.sanitize_committed();
     // Entries are read back from this file from now on; it is only ever appended to (and
@@ -1768,6 +1831,72 @@ mod tests {
         committed: None,
     };
 
+    fn as_ref(r: &Record) -> RecordRef<'_> {
+        match r {
+            Record::GenerationStart { purged, committed } => RecordRef::GenerationStart {
+                purged: *purged,
+                committed: *committed,
+            },
+            Record::Entries(v) => RecordRef::Entries(v),
+            Record::TruncateSince(i) => RecordRef::TruncateSince(*i),
+            Record::PurgeUpto(id) => RecordRef::PurgeUpto(*id),
+            Record::Committed(c) => RecordRef::Committed(*c),
+            Record::FormatVersion(v) => RecordRef::FormatVersion(*v),
+        }
+    }
+
+    /// Golden bytes of every record kind as written to disk, framing included (see
+    /// `crate::golden` and `baton_core::format`): a data directory holds these bytes, so
+    /// none may change. Each file is parsed back like recovery parses it and encoded again.
+    #[test]
+    fn golden_records() {
+        use crate::golden::{
+            assert_no_problems, compare_file, entries, golden_dir, header, log_id,
+            missing_variants, orphans,
+        };
+        use baton_core::format::variant_tag;
+        use std::collections::BTreeSet;
+
+        let es = entries();
+        let samples = [
+            RecordRef::GenerationStart {
+                purged: Some(log_id(1, 3)),
+                committed: Some(log_id(2, 9)),
+            },
+            RecordRef::Entries(&es),
+            RecordRef::TruncateSince(12),
+            RecordRef::PurgeUpto(log_id(1, 4)),
+            RecordRef::Committed(Some(log_id(2, 10))),
+            RecordRef::FormatVersion(WAL_FORMAT_VERSION),
+        ];
+        let dir = golden_dir("wal_record");
+        let (mut problems, mut tags, mut names) = (Vec::new(), BTreeSet::new(), BTreeSet::new());
+        for rec in &samples {
+            let name = match rec {
+                RecordRef::GenerationStart { .. } => "generation_start",
+                RecordRef::Entries(_) => "entries",
+                RecordRef::TruncateSince(_) => "truncate_since",
+                RecordRef::PurgeUpto(_) => "purge_upto",
+                RecordRef::Committed(_) => "committed",
+                RecordRef::FormatVersion(_) => "format_version",
+            };
+            names.insert(name);
+            let bytes = file(std::slice::from_ref(rec));
+            tags.insert(variant_tag(&bytes[RECORD_HEADER_BYTES..]));
+            let what = "[len u32 LE][crc32 u32 LE][bincode(Record)], as wal.rs writes it";
+            let h = header("wal_record", name, what, rec);
+            problems.extend(compare_file(&dir, name, &h, &bytes));
+            match parse_record(&bytes, 0) {
+                Ok((back, end)) if end == bytes.len() && file(&[as_ref(&back)]) == bytes => {}
+                Ok(_) => problems.push(format!("wal_record/{name}: does not decode to itself")),
+                Err(e) => problems.push(format!("wal_record/{name}: {e}")),
+            }
+        }
+        problems.extend(missing_variants::<Record>("wal_record", &tags));
+        problems.extend(orphans(&dir, &names));
+        assert_no_problems(problems);
+    }
+
     #[test]
     fn encoding_twins_agree() {
         let es = vec![entry(1, 0), entry(1, 1)];
@@ -1792,6 +1921,78 @@ mod tests {
         let (r3, p) = parse_record(&bytes, p).unwrap();
         assert!(matches!(r3, Record::TruncateSince(1)));
         assert_eq!(p, bytes.len());
+    }
+
+    /// A generation written before format versions (it starts with `GenerationStart`, as
+    /// every test above writes it) is format 1 and read as is; a new generation starts with
+    /// the version record.
+    #[test]
+    fn new_generations_carry_the_format_version_and_old_ones_still_open() {
+        let old = file(&[START, RecordRef::Entries(&[entry(1, 0)])]);
+        let (_tmp, res) = recover_bytes(&old);
+        assert_eq!(res.unwrap().mem.read(..).unwrap(), vec![entry(1, 0)]);
+
+        let tmp = tempfile::tempdir().unwrap();
+        recover(tmp.path()).unwrap();
+        let bytes = fs::read(generation_path(&tmp.path().join("wal"), 1)).unwrap();
+        let (first, next) = parse_record(&bytes, 0).unwrap();
+        assert!(matches!(first, Record::FormatVersion(WAL_FORMAT_VERSION)));
+        let (second, _) = parse_record(&bytes, next).unwrap();
+        assert!(matches!(second, Record::GenerationStart { .. }));
+        // And it opens again.
+        assert!(recover(tmp.path())
+            .unwrap()
+            .mem
+            .read(..)
+            .unwrap()
+            .is_empty());
+    }
+
+    #[test]
+    fn a_newer_log_format_is_refused_naming_both_versions() {
+        let newer = file(&[
+            RecordRef::FormatVersion(WAL_FORMAT_VERSION + 1),
+            START,
+            RecordRef::Entries(&[entry(1, 0)]),
+        ]);
+        let (_tmp, res) = recover_bytes(&newer);
+        let err = res.err().expect("a newer format is refused");
+        assert!(
+            matches!(
+                err,
+                StartError::UnsupportedLogFormat { found, supported, .. }
+                    if found == WAL_FORMAT_VERSION + 1 && supported == WAL_FORMAT_VERSION
+            ),
+            "{err:?}"
+        );
+        let message = err.to_string();
+        assert!(
+            message.contains("log format 3") && message.contains("up to 2"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_misplaced_or_impossible_format_version_is_corruption() {
+        for bytes in [
+            // Not first.
+            file(&[START, RecordRef::FormatVersion(WAL_FORMAT_VERSION)]),
+            // First, but not followed by the header.
+            file(&[
+                RecordRef::FormatVersion(WAL_FORMAT_VERSION),
+                RecordRef::Entries(&[entry(1, 0)]),
+            ]),
+            // Nothing after it.
+            file(&[RecordRef::FormatVersion(WAL_FORMAT_VERSION)]),
+            // Format 1 has no version record.
+            file(&[RecordRef::FormatVersion(1), START]),
+        ] {
+            let (_tmp, res) = recover_bytes(&bytes);
+            assert!(
+                matches!(res, Err(StartError::CorruptLog { .. })),
+                "accepted a misplaced format version"
+            );
+        }
     }
 
     #[test]

@@ -22,6 +22,27 @@ use crate::types::Member;
 /// AppendEntries with several entries above it is split (openraft's `PayloadTooLarge`).
 pub(crate) const MAX_PEER_MESSAGE_BYTES: usize = 16 << 20;
 
+/// The format of every peer payload this binary sends and reads (the bincode encodings
+/// pinned by `golden`; the rule is `baton_core::format`), carried in
+/// `PeerMessage::format_version`. Bump it when a payload changes in a way another build
+/// would misread; members of one cluster must then all run the new build.
+pub(crate) const PEER_FORMAT_VERSION: u32 = 1;
+
+/// The payload format an envelope announces. proto3 cannot tell an absent field from 0, and
+/// binaries from before the field never set it: 0 is therefore their format, which is 1
+/// (identical payloads), so a cluster can be upgraded member by member from them.
+pub(crate) fn announced_format(field: u32) -> u32 {
+    if field == 0 {
+        1
+    } else {
+        field
+    }
+}
+
+/// Metadata key of a format refusal: the refusing member's [`PEER_FORMAT_VERSION`], so the
+/// sender can say which versions met (`network`).
+pub(crate) const FORMAT_VERSION_METADATA: &str = "baton-peer-format-version";
+
 /// Size of one InstallSnapshot chunk.
 pub(crate) const SNAPSHOT_CHUNK_BYTES: u64 = 4 << 20;
 

@@ -3,6 +3,8 @@
 //! Clients (the Go client's `rpctypes`, jetcd, the `etcd-client` crate) match errors by the
 //! exact message text, so every message here is byte-identical to etcd's.
 
+use std::borrow::Cow;
+
 use baton_core::KvError;
 use baton_raft::{MemberError, ProposeError, TransferError};
 use tonic::{Code, Status};
@@ -63,7 +65,65 @@ pub fn kv_status(err: &KvError) -> Status {
         KvError::InvalidSequence | KvError::NotDeduplicable => Code::InvalidArgument,
         KvError::NoSpace => Code::ResourceExhausted,
     };
-    Status::new(code, err.to_string())
+    Status::new(code, kv_message(err))
+}
+
+/// What a client reads for a domain error: etcd's message byte for byte (its `rpctypes`;
+/// clients match the text), and for Baton's own errors a `baton:` message. The core only
+/// names what happened (`KvError`'s `Display`); the words are said here.
+pub fn kv_message(err: &KvError) -> Cow<'static, str> {
+    match err {
+        KvError::EmptyKey => "etcdserver: key is not provided".into(),
+        KvError::KeyNotFound => "etcdserver: key not found".into(),
+        KvError::LeaseNotFound => "etcdserver: requested lease not found".into(),
+        KvError::LeaseExists => "etcdserver: lease already exists".into(),
+        KvError::LeaseTtlTooLarge => "etcdserver: too large lease TTL".into(),
+        KvError::TooManyOps => "etcdserver: too many operations in txn request".into(),
+        KvError::DuplicateKey => "etcdserver: duplicate key given in txn request".into(),
+        KvError::Compacted => "etcdserver: mvcc: required revision has been compacted".into(),
+        KvError::FutureRevision => {
+            "etcdserver: mvcc: required revision is a future revision".into()
+        }
+        KvError::RequestTooLarge => TOO_LARGE.into(),
+        KvError::LeaseRequired => "baton: a lease is required (lease = 0); etcd would silently \
+                                   attach an orphan 60 s lease here and the lock would vanish \
+                                   without notice"
+            .into(),
+        KvError::EmptyLockName => "baton: lock name is not provided".into(),
+        KvError::EmptyFenceResource => "baton: fence resource is not provided".into(),
+        KvError::InvalidFencingToken => "baton: fencing token must be positive".into(),
+        KvError::ReasonRequired => "baton: a reason is required for a force-release".into(),
+        KvError::ReasonTooLong => format!(
+            "baton: force-release reason is longer than {} bytes",
+            baton_core::MAX_REASON_BYTES
+        )
+        .into(),
+        KvError::NotHolder => "baton: not the holder".into(),
+        KvError::LockDelayTooLong => format!(
+            "baton: lock delay is longer than {} ms",
+            baton_core::MAX_LOCK_DELAY_MS
+        )
+        .into(),
+        KvError::LockRegistryFull => format!(
+            "baton: lock registry is full ({} locks)",
+            baton_core::MAX_LOCKS
+        )
+        .into(),
+        KvError::FenceTableFull => format!(
+            "baton: fence table is full ({} resources)",
+            baton_core::MAX_FENCE_RESOURCES
+        )
+        .into(),
+        KvError::UnknownClient => {
+            "baton: client session not found (expired or never registered)".into()
+        }
+        KvError::StaleSequence => {
+            "baton: request sequence already acknowledged; use a new sequence number".into()
+        }
+        KvError::InvalidSequence => "baton: request sequence must be positive".into(),
+        KvError::NotDeduplicable => "baton: this request cannot be de-duplicated".into(),
+        KvError::NoSpace => NO_SPACE.into(),
+    }
 }
 
 /// Why a lock acquisition did not end with the caller holding the lock (Baton's own; etcd's
@@ -254,6 +314,50 @@ mod tests {
         for (status, code, message) in cases {
             assert_eq!((status.code(), status.message()), (code, message));
         }
+    }
+
+    /// Every domain error's code and text, byte for byte: etcd's (`rpctypes`) or Baton's
+    /// own. These texts were the core's `Display` until the core stopped speaking etcd's
+    /// words; this table pins that nothing a client reads changed with the move.
+    #[test]
+    fn every_kv_error_has_its_code_and_exact_message() {
+        let cases = [
+            (KvError::EmptyKey, Code::InvalidArgument, "etcdserver: key is not provided"),
+            (KvError::KeyNotFound, Code::InvalidArgument, "etcdserver: key not found"),
+            (KvError::LeaseNotFound, Code::NotFound, "etcdserver: requested lease not found"),
+            (KvError::LeaseExists, Code::FailedPrecondition, "etcdserver: lease already exists"),
+            (KvError::LeaseTtlTooLarge, Code::OutOfRange, "etcdserver: too large lease TTL"),
+            (KvError::TooManyOps, Code::InvalidArgument, "etcdserver: too many operations in txn request"),
+            (KvError::DuplicateKey, Code::InvalidArgument, "etcdserver: duplicate key given in txn request"),
+            (KvError::Compacted, Code::OutOfRange, "etcdserver: mvcc: required revision has been compacted"),
+            (KvError::FutureRevision, Code::OutOfRange, "etcdserver: mvcc: required revision is a future revision"),
+            (KvError::RequestTooLarge, Code::InvalidArgument, "etcdserver: request is too large"),
+            (KvError::LeaseRequired, Code::InvalidArgument, "baton: a lease is required (lease = 0); etcd would silently attach an orphan 60 s lease here and the lock would vanish without notice"),
+            (KvError::EmptyLockName, Code::InvalidArgument, "baton: lock name is not provided"),
+            (KvError::EmptyFenceResource, Code::InvalidArgument, "baton: fence resource is not provided"),
+            (KvError::InvalidFencingToken, Code::InvalidArgument, "baton: fencing token must be positive"),
+            (KvError::ReasonRequired, Code::InvalidArgument, "baton: a reason is required for a force-release"),
+            (KvError::ReasonTooLong, Code::InvalidArgument, "baton: force-release reason is longer than 1024 bytes"),
+            (KvError::NotHolder, Code::FailedPrecondition, "baton: not the holder"),
+            (KvError::LockDelayTooLong, Code::InvalidArgument, "baton: lock delay is longer than 3600000 ms"),
+            (KvError::LockRegistryFull, Code::ResourceExhausted, "baton: lock registry is full (100000 locks)"),
+            (KvError::FenceTableFull, Code::ResourceExhausted, "baton: fence table is full (100000 resources)"),
+            (KvError::UnknownClient, Code::FailedPrecondition, "baton: client session not found (expired or never registered)"),
+            (KvError::StaleSequence, Code::FailedPrecondition, "baton: request sequence already acknowledged; use a new sequence number"),
+            (KvError::InvalidSequence, Code::InvalidArgument, "baton: request sequence must be positive"),
+            (KvError::NotDeduplicable, Code::InvalidArgument, "baton: this request cannot be de-duplicated"),
+            (KvError::NoSpace, Code::ResourceExhausted, "etcdserver: mvcc: database space exceeded"),
+        ];
+        for (err, code, message) in &cases {
+            let s = kv_status(err);
+            assert_eq!((s.code(), s.message()), (*code, *message), "{err:?}");
+        }
+        // One case per variant (the match in `kv_status` is exhaustive; this keeps the table
+        // complete with it).
+        assert_eq!(
+            cases.len(),
+            baton_core::format::variant_count::<KvError>() as usize
+        );
     }
 
     #[test]

@@ -9,6 +9,7 @@ mod cli_status;
 mod client_load;
 mod cluster;
 mod common;
+mod datadir_v1;
 mod disk_full;
 mod durability;
 mod etcd_client;

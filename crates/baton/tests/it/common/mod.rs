@@ -949,6 +949,8 @@ pub mod peer {
             credential: token
                 .map(|t| cluster_credential(t).to_vec())
                 .unwrap_or_default(),
+            // Absent, as a binary from before the field sends it: read as peer format 1.
+            format_version: 0,
         };
         let d = std::time::Duration::from_secs(10);
         match method {
