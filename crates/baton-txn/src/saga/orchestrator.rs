@@ -1064,3 +1064,316 @@ mod tests {
         assert_eq!(plan(&r, u64::MAX), Plan::Settled);
     }
 }
+
+#[cfg(test)]
+mod golden {
+    //! Records written by this version, pinned byte for byte (tests/golden/).
+    use super::*;
+    use crate::saga::def::{CompensationPolicy, Jitter, RetryPolicy, StepCtx};
+    use crate::saga::log::{AuditEntry, OperatorAction};
+    use serde_json::json;
+
+    const T0: u64 = 1_700_000_000_000;
+    const TAG: &str = "orch-1 (token 7)";
+    const BY: &str = "ops@host-1 (pid 4242)";
+
+    fn noop(_: StepCtx<Value>) -> crate::saga::BoxFuture<'static, Result<Value, StepError>> {
+        Box::pin(async { Ok(Value::Null) })
+    }
+
+    fn def() -> SagaDef<Value> {
+        let retry = RetryPolicy {
+            max_attempts: 3,
+            jitter: Jitter::None,
+            ..RetryPolicy::default()
+        };
+        let comp = CompensationPolicy {
+            retry: retry.clone(),
+            park_after: 2,
+        };
+        SagaDef::builder("order")
+            .step("create", noop)
+            .compensate(noop)
+            .retry(retry.clone())
+            .compensation_policy(comp.clone())
+            .step("charge", noop)
+            .compensate(noop)
+            .retry(retry.clone())
+            .compensation_policy(comp)
+            .step("ship", noop)
+            .retry(retry)
+            .build()
+            .unwrap()
+    }
+
+    fn fresh(def: &SagaDef<Value>, id: &str) -> SagaRecord {
+        let mut r = SagaRecord::new(
+            def,
+            id,
+            &json!({"order": id, "cents": 1250, "items": ["a", "b"]}),
+        )
+        .unwrap();
+        r.created_ms = T0;
+        r.updated_ms = T0;
+        r
+    }
+
+    fn begin(r: &mut SagaRecord, step: usize, phase: Phase, now: u64) -> u32 {
+        assert_eq!(plan(r, now), Plan::Run { step, phase });
+        r.orchestrator = Some(TAG.into());
+        r.updated_ms = now;
+        let s = &mut r.steps[step];
+        match phase {
+            Phase::Action => {
+                s.state = StepState::Running;
+                s.attempts += 1;
+                s.next_attempt_ms = None;
+                s.started_ms.get_or_insert(now);
+                s.attempts
+            }
+            Phase::Compensation => {
+                let c = s.compensation.as_mut().unwrap();
+                c.state = CompensationState::Running;
+                c.attempts += 1;
+                c.next_attempt_ms = None;
+                c.attempts
+            }
+        }
+    }
+
+    fn end(
+        r: &mut SagaRecord,
+        def: &SagaDef<Value>,
+        step: usize,
+        phase: Phase,
+        outcome: Outcome,
+        now: u64,
+    ) {
+        let specs = def.steps();
+        let attempt = match phase {
+            Phase::Action => r.steps[step].attempts,
+            Phase::Compensation => r.steps[step].compensation.as_ref().unwrap().attempts,
+        };
+        r.orchestrator = Some(TAG.into());
+        let written = match phase {
+            Phase::Action => record_action(r, &specs, step, attempt, &outcome, now),
+            Phase::Compensation => {
+                record_compensation(r, specs[step], step, attempt, &outcome, now)
+            }
+        };
+        assert!(written.unwrap().is_some());
+        r.updated_ms = now;
+    }
+
+    /// What `Orchestrator::transition` writes.
+    fn follow(r: &mut SagaRecord, def: &SagaDef<Value>, now: u64) {
+        let specs = def.steps();
+        let planned = plan(r, now);
+        r.orchestrator = Some(TAG.into());
+        match planned {
+            Plan::Interrupted {
+                step,
+                phase: Phase::Action,
+            } => {
+                let s = &mut r.steps[step];
+                s.state = StepState::Pending;
+                s.outcome_unknown = true;
+                s.next_attempt_ms = None;
+                s.last_error = Some(format!(
+                    "attempt {} was cut short (its orchestrator stopped); outcome unknown",
+                    s.attempts
+                ));
+            }
+            Plan::Interrupted {
+                step,
+                phase: Phase::Compensation,
+            } => {
+                let c = r.steps[step].compensation.as_mut().unwrap();
+                c.state = CompensationState::Pending;
+                c.next_attempt_ms = None;
+                c.last_error = Some(format!(
+                    "attempt {} was cut short (its orchestrator stopped)",
+                    c.attempts
+                ));
+            }
+            Plan::Cancel => {
+                let why = r
+                    .audit
+                    .iter()
+                    .rev()
+                    .find(|a| a.action == OperatorAction::Cancel)
+                    .map(|a| format!("cancelled by {}: {}", a.by, a.reason))
+                    .unwrap_or_else(|| "cancelled".into());
+                r.start_compensation(&specs, why);
+            }
+            Plan::Complete => {
+                r.status = SagaStatus::Completed;
+                r.finished_ms = Some(now);
+            }
+            Plan::Compensated => {
+                r.status = SagaStatus::Compensated;
+                r.finished_ms = Some(now);
+            }
+            p => panic!("not a transition: {p:?}"),
+        }
+        r.updated_ms = now;
+    }
+
+    fn audit(r: &mut SagaRecord, action: OperatorAction, step: Option<usize>, why: &str, now: u64) {
+        r.audit.push(AuditEntry {
+            at_ms: now,
+            action,
+            step,
+            reason: why.into(),
+            by: BY.into(),
+        });
+        r.updated_ms = now;
+    }
+
+    fn ok(v: Value) -> Outcome {
+        Outcome::Ok(v)
+    }
+
+    fn records() -> Vec<(&'static str, SagaRecord)> {
+        let d = def();
+        let (a, c) = (Phase::Action, Phase::Compensation);
+        let mut out = Vec::new();
+
+        // Mid-action: charge timed out once and is in its second attempt.
+        let mut r = fresh(&d, "o-running");
+        begin(&mut r, 0, a, T0 + 1);
+        end(&mut r, &d, 0, a, ok(json!({"order_id": 17})), T0 + 10);
+        begin(&mut r, 1, a, T0 + 20);
+        end(
+            &mut r,
+            &d,
+            1,
+            a,
+            Outcome::Unknown("timed out after 5s".into()),
+            T0 + 30,
+        );
+        begin(&mut r, 1, a, T0 + 230);
+        out.push(("saga-running.json", r));
+
+        // Compensating: charge cut short, then declined; its refund in a second attempt.
+        let mut r = fresh(&d, "o-compensating");
+        begin(&mut r, 0, a, T0 + 1);
+        end(&mut r, &d, 0, a, ok(json!({"order_id": 18})), T0 + 10);
+        begin(&mut r, 1, a, T0 + 20);
+        follow(&mut r, &d, T0 + 25);
+        begin(&mut r, 1, a, T0 + 30);
+        let declined = Outcome::Failed(StepError::Fatal("card declined".into()));
+        end(&mut r, &d, 1, a, declined, T0 + 40);
+        begin(&mut r, 1, c, T0 + 50);
+        let down = Outcome::Failed(StepError::Retryable("refund service down".into()));
+        end(&mut r, &d, 1, c, down, T0 + 60);
+        begin(&mut r, 1, c, T0 + 260);
+        out.push(("saga-compensating.json", r));
+
+        // Completed.
+        let mut r = fresh(&d, "o-completed");
+        for (step, v) in [json!({"order_id": 19}), json!("ch_19"), Value::Null]
+            .into_iter()
+            .enumerate()
+        {
+            let t = T0 + 10 * step as u64;
+            begin(&mut r, step, a, t + 1);
+            end(&mut r, &d, step, a, ok(v), t + 5);
+        }
+        follow(&mut r, &d, T0 + 40);
+        out.push(("saga-completed.json", r));
+
+        // Cancelled by an operator after charge; the refund refused for good: stuck.
+        let mut r = fresh(&d, "o-stuck");
+        begin(&mut r, 0, a, T0 + 1);
+        end(&mut r, &d, 0, a, ok(json!({"order_id": 20})), T0 + 10);
+        begin(&mut r, 1, a, T0 + 20);
+        end(
+            &mut r,
+            &d,
+            1,
+            a,
+            ok(json!({"charge": "ch_20", "cents": 1250})),
+            T0 + 30,
+        );
+        r.cancel_requested = true;
+        audit(
+            &mut r,
+            OperatorAction::Cancel,
+            None,
+            "customer asked",
+            T0 + 40,
+        );
+        follow(&mut r, &d, T0 + 50);
+        begin(&mut r, 1, c, T0 + 60);
+        let refused = Outcome::Failed(StepError::Fatal("refund refused: card closed".into()));
+        end(&mut r, &d, 1, c, refused, T0 + 70);
+        out.push(("saga-stuck.json", r.clone()));
+
+        // The same saga retried, cut short, parked again, skipped, and compensated.
+        r.id = "o-compensated".into();
+        let cc = r.steps[1].compensation.as_mut().unwrap();
+        cc.failures = 0;
+        cc.next_attempt_ms = None;
+        r.status = SagaStatus::Compensating;
+        audit(
+            &mut r,
+            OperatorAction::Retry,
+            Some(1),
+            "card reopened",
+            T0 + 80,
+        );
+        begin(&mut r, 1, c, T0 + 90);
+        follow(&mut r, &d, T0 + 100);
+        begin(&mut r, 1, c, T0 + 110);
+        let again = Outcome::Failed(StepError::Retryable("still refused".into()));
+        end(&mut r, &d, 1, c, again, T0 + 120);
+        begin(&mut r, 1, c, T0 + 320);
+        let again = Outcome::Unknown("panicked: boom".into());
+        end(&mut r, &d, 1, c, again, T0 + 330);
+        let cc = r.steps[1].compensation.as_mut().unwrap();
+        cc.state = CompensationState::Skipped;
+        cc.next_attempt_ms = None;
+        cc.finished_ms = Some(T0 + 340);
+        r.status = SagaStatus::Compensating;
+        audit(
+            &mut r,
+            OperatorAction::Skip,
+            Some(1),
+            "refunded by hand",
+            T0 + 340,
+        );
+        begin(&mut r, 0, c, T0 + 350);
+        end(&mut r, &d, 0, c, ok(json!({"cancelled": true})), T0 + 360);
+        follow(&mut r, &d, T0 + 370);
+        out.push(("saga-compensated.json", r));
+        out
+    }
+
+    fn path(name: &str) -> String {
+        format!("{}/tests/golden/{name}", env!("CARGO_MANIFEST_DIR"))
+    }
+
+    #[test]
+    fn golden_records_decode_and_encode_byte_for_byte() {
+        for (name, rec) in records() {
+            let bytes = crate::coordination::encode(&rec);
+            if std::env::var_os("BATON_WRITE_GOLDEN").is_some() {
+                std::fs::write(path(name), &bytes).unwrap();
+            }
+            let file = std::fs::read(path(name)).unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&bytes),
+                String::from_utf8_lossy(&file),
+                "{name}: this version's encoding"
+            );
+            // (Not `decoded == rec`: an output of `null` reads back as no output.)
+            let decoded: SagaRecord = serde_json::from_slice(&file).unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&crate::coordination::encode(&decoded)),
+                String::from_utf8_lossy(&file),
+                "{name}: decoded and encoded again"
+            );
+        }
+    }
+}
