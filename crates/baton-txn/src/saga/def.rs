@@ -237,12 +237,18 @@ impl RetryPolicy {
 
     /// The pause after the `failures`-th failure, jitter applied.
     pub fn delay(&self, failures: u32) -> Duration {
+        self.delay_with(failures, rand::thread_rng().gen_range(0.0..=1.0))
+    }
+
+    /// The pause after the `failures`-th failure, the jitter drawn from `sample` (uniform in
+    /// `[0, 1]`): randomness as an input, for the saga's pure `transition`.
+    pub fn delay_with(&self, failures: u32, sample: f64) -> Duration {
         let ceiling = self.ceiling(failures);
-        let mut rng = rand::thread_rng();
+        let sample = sample.clamp(0.0, 1.0);
         match self.jitter {
             Jitter::None => ceiling,
-            Jitter::Full => ceiling.mul_f64(rng.gen_range(0.0..=1.0)),
-            Jitter::Equal => ceiling.mul_f64(rng.gen_range(0.5..=1.0)),
+            Jitter::Full => ceiling.mul_f64(sample),
+            Jitter::Equal => ceiling.mul_f64(0.5 + 0.5 * sample),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The saga log in Baton: one JSON record per saga, every write a compare-and-set on the
-//! record's `mod_revision`.
+//! record's `mod_revision`. It stores records and decides nothing about them: what a write
+//! changes — an orchestrator's or an operator's — is `transition`'s.
 
 use std::time::Duration;
 
@@ -8,279 +9,15 @@ use baton_client::{
     Txn, WatchOptions,
 };
 use futures_util::StreamExt;
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde::Serialize;
 
-use super::def::{encode_data, SagaDef, StepSpec};
+use super::def::SagaDef;
+use super::record::SagaRecord;
+use super::transition::{transition, Event, Request};
 use super::SagaError;
 use crate::coordination::{
     check_namespace, create_open, decode, encode, now_ms, range, retry, LeaderFence, LogError,
 };
-
-/// Where a saga stands.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "state", rename_all = "snake_case")]
-pub enum SagaStatus {
-    /// Running its steps forward.
-    Running,
-    /// A step failed for good or the saga was cancelled: compensating the steps that took
-    /// effect, in reverse order.
-    Compensating,
-    /// Every step took effect.
-    Completed,
-    /// Every step that took effect was compensated (or its compensation skipped by an
-    /// operator, which the audit trail records).
-    Compensated,
-    /// A compensation kept failing: the saga waits for an operator (`retry` or `skip`).
-    Stuck {
-        /// The step whose compensation failed.
-        step: usize,
-        /// Its compensation attempts so far.
-        attempts: u32,
-        /// The last failure.
-        last_error: String,
-    },
-}
-
-impl SagaStatus {
-    /// The state's name: `running`, `compensating`, `completed`, `compensated`, `stuck`.
-    pub fn name(&self) -> &'static str {
-        match self {
-            SagaStatus::Running => "running",
-            SagaStatus::Compensating => "compensating",
-            SagaStatus::Completed => "completed",
-            SagaStatus::Compensated => "compensated",
-            SagaStatus::Stuck { .. } => "stuck",
-        }
-    }
-
-    /// Whether the saga is finished (nothing will ever be done to it again).
-    pub fn is_final(&self) -> bool {
-        matches!(self, SagaStatus::Completed | SagaStatus::Compensated)
-    }
-
-    /// Whether the orchestrator has nothing to do until something changes: finished, or
-    /// stuck.
-    pub fn is_settled(&self) -> bool {
-        self.is_final() || matches!(self, SagaStatus::Stuck { .. })
-    }
-}
-
-impl std::fmt::Display for SagaStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// Where a step's action stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StepState {
-    /// Not started, or waiting for its next attempt (`next_attempt_ms`).
-    Pending,
-    /// An attempt was started and its result not yet recorded. Found so by a new
-    /// orchestrator, it means the attempt was cut short: the step may have taken effect.
-    Running,
-    /// The action succeeded.
-    Done,
-    /// The action failed for good (a fatal error, or out of attempts).
-    Failed,
-}
-
-/// Where a step's compensation stands (present once the step is in the compensation plan).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CompensationState {
-    /// To run, or waiting for its next attempt.
-    Pending,
-    /// An attempt was started and its result not yet recorded.
-    Running,
-    /// The compensation succeeded.
-    Done,
-    /// An operator skipped it (the audit trail has the reason).
-    Skipped,
-}
-
-/// One step's compensation in the log.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct CompensationRecord {
-    /// Where it stands.
-    pub state: CompensationState,
-    /// Attempts started.
-    pub attempts: u32,
-    /// Failed attempts since it was planned or an operator retried it: parking counts these.
-    pub failures: u32,
-    /// What the compensation returned.
-    pub output: Option<Value>,
-    /// The last failure.
-    pub last_error: Option<String>,
-    /// When the next attempt is due (Unix ms), after a failure.
-    pub next_attempt_ms: Option<u64>,
-    /// When it finished (Unix ms).
-    pub finished_ms: Option<u64>,
-}
-
-impl CompensationRecord {
-    fn pending() -> Self {
-        CompensationRecord {
-            state: CompensationState::Pending,
-            attempts: 0,
-            failures: 0,
-            output: None,
-            last_error: None,
-            next_attempt_ms: None,
-            finished_ms: None,
-        }
-    }
-}
-
-/// One step in the log.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct StepRecord {
-    /// The step's name.
-    pub name: String,
-    /// Where its action stands.
-    pub state: StepState,
-    /// Action attempts started (an attempt cut short by a crash counts).
-    pub attempts: u32,
-    /// Failed action attempts (errors and timeouts; a crash is not the step's failure).
-    pub failures: u32,
-    /// Some attempt's outcome is unknown (it timed out, panicked or was cut short by a
-    /// crash), so the step may have taken effect even if it is not `done`: it is compensated
-    /// (the compensation then finds nothing to undo, or the effect of a late arrival).
-    pub outcome_unknown: bool,
-    /// What the action returned.
-    pub output: Option<Value>,
-    /// The last failure.
-    pub last_error: Option<String>,
-    /// When the next attempt is due (Unix ms), after a failure.
-    pub next_attempt_ms: Option<u64>,
-    /// When the first attempt started (Unix ms).
-    pub started_ms: Option<u64>,
-    /// When the action finished, done or failed (Unix ms).
-    pub finished_ms: Option<u64>,
-    /// The compensation, once planned.
-    pub compensation: Option<CompensationRecord>,
-}
-
-/// What an operator did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OperatorAction {
-    /// Asked for the saga to be cancelled (it compensates).
-    Cancel,
-    /// Retried a stuck compensation.
-    Retry,
-    /// Skipped a stuck compensation.
-    Skip,
-}
-
-impl std::fmt::Display for OperatorAction {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            OperatorAction::Cancel => "cancel",
-            OperatorAction::Retry => "retry",
-            OperatorAction::Skip => "skip",
-        })
-    }
-}
-
-/// One operator action, kept in the record for ever.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AuditEntry {
-    /// When (Unix ms).
-    pub at_ms: u64,
-    /// What.
-    pub action: OperatorAction,
-    /// The step it concerned.
-    pub step: Option<usize>,
-    /// Why (the operator's words).
-    pub reason: String,
-    /// Who: user, host and process.
-    pub by: String,
-}
-
-/// Everything the log holds about one saga.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct SagaRecord {
-    /// The saga's id.
-    pub id: String,
-    /// Its definition's name.
-    pub definition: String,
-    /// Its data, as JSON.
-    pub data: Value,
-    /// Where it stands.
-    pub status: SagaStatus,
-    /// Its steps, in definition order.
-    pub steps: Vec<StepRecord>,
-    /// Why it compensates: the failed step and its error, or the cancellation.
-    pub reason: Option<String>,
-    /// Someone asked for it to be cancelled.
-    pub cancel_requested: bool,
-    /// Operator actions, oldest first.
-    pub audit: Vec<AuditEntry>,
-    /// When it was started (Unix ms).
-    pub created_ms: u64,
-    /// When it was last written (Unix ms).
-    pub updated_ms: u64,
-    /// When it finished (Unix ms).
-    pub finished_ms: Option<u64>,
-    /// The orchestrator that wrote it last: instance and fencing token.
-    pub orchestrator: Option<String>,
-}
-
-impl SagaRecord {
-    pub(crate) fn new<D: Serialize>(
-        def: &SagaDef<D>,
-        id: &str,
-        data: &D,
-    ) -> Result<Self, SagaError> {
-        let now = now_ms();
-        Ok(SagaRecord {
-            id: id.to_string(),
-            definition: def.name().to_string(),
-            data: encode_data(data)?,
-            status: SagaStatus::Running,
-            steps: def
-                .steps()
-                .iter()
-                .map(|s| StepRecord {
-                    name: s.name.clone(),
-                    state: StepState::Pending,
-                    attempts: 0,
-                    failures: 0,
-                    outcome_unknown: false,
-                    output: None,
-                    last_error: None,
-                    next_attempt_ms: None,
-                    started_ms: None,
-                    finished_ms: None,
-                    compensation: None,
-                })
-                .collect(),
-            reason: None,
-            cancel_requested: false,
-            audit: Vec::new(),
-            created_ms: now,
-            updated_ms: now,
-            finished_ms: None,
-            orchestrator: None,
-        })
-    }
-
-    /// Switches to compensating, planning a compensation for every compensable step that
-    /// took effect or may have (its outcome unknown).
-    pub(crate) fn start_compensation(&mut self, specs: &[&StepSpec], reason: String) {
-        self.status = SagaStatus::Compensating;
-        self.reason = Some(reason);
-        for (step, spec) in self.steps.iter_mut().zip(specs) {
-            let took_effect = step.state == StepState::Done || step.outcome_unknown;
-            if spec.compensable && took_effect && step.compensation.is_none() {
-                step.compensation = Some(CompensationRecord::pending());
-            }
-        }
-    }
-}
 
 /// Who is acting, for the audit trail: `user@host (pid n)`.
 fn who() -> String {
@@ -368,7 +105,7 @@ impl SagaLog {
         data: &D,
     ) -> Result<SagaRecord, SagaError> {
         check_id(id)?;
-        let record = SagaRecord::new(def, id, data)?;
+        let record = SagaRecord::new(def, id, data, now_ms())?;
         let key = self.key(id);
         let value = encode(&record);
         let Some(kv) = create_open(&self.client, &key, &value, &self.open_key(id)).await? else {
@@ -448,29 +185,29 @@ impl SagaLog {
         Ok(out)
     }
 
-    /// Reads saga `id`, lets `f` change it and writes it back by compare-and-set (with
-    /// `fence`, if given), again from a fresh read whenever someone else wrote in between.
-    /// `f` returns `None` to write nothing (the record is not in the state it expects).
-    /// Returns `f`'s value and the record as written (or as read, if nothing was written).
+    /// Reads saga `id`, asks `f` for the record to write in its place (in practice
+    /// `transition`'s answer) and writes that by compare-and-set (with `fence`, if given),
+    /// again from a fresh read whenever someone else wrote in between. `f` returns `None` to
+    /// write nothing (the record is not in the state it expects). Returns whether it wrote,
+    /// and the record as written (or as read, if nothing was written).
     ///
     /// `f` may run several times and must decide from the record it is given: after a lost
     /// answer, the record it sees may already hold its own previous write.
-    pub(crate) async fn update<T>(
+    pub(crate) async fn update(
         &self,
         id: &str,
         fence: Option<&LeaderFence>,
-        mut f: impl FnMut(&mut SagaRecord) -> Result<Option<T>, SagaError>,
-    ) -> Result<(Option<T>, SagaRecord), SagaError> {
+        mut f: impl FnMut(&SagaRecord) -> Result<Option<SagaRecord>, SagaError>,
+    ) -> Result<(bool, SagaRecord), SagaError> {
         let key = self.key(id);
         for _ in 0..CAS_ROUNDS {
-            let (mut rec, rev) = self
+            let (read, rev) = self
                 .read(id)
                 .await?
                 .ok_or_else(|| SagaError::NotFound(id.to_string()))?;
-            let Some(out) = f(&mut rec)? else {
-                return Ok((None, rec));
+            let Some(rec) = f(&read)? else {
+                return Ok((false, read));
             };
-            rec.updated_ms = now_ms();
             let value = encode(&rec);
             let mut ops = vec![Op::put(key.clone(), value, PutOptions::new())];
             if rec.status.is_final() {
@@ -494,7 +231,7 @@ impl SagaLog {
             })
             .await?;
             if r.succeeded {
-                return Ok((Some(out), rec));
+                return Ok((true, rec));
             }
             let now_rev = range(&r, 0)
                 .and_then(|r| r.kvs.first())
@@ -512,59 +249,13 @@ impl SagaLog {
     /// in flight (if any) and compensates what took effect. Cancelling a saga that already
     /// compensates (or did) changes nothing; a completed one cannot be cancelled.
     pub async fn cancel(&self, id: &str, reason: &str) -> Result<SagaRecord, SagaError> {
-        let by = who();
-        let (_, rec) = self
-            .update(id, None, |r| match &r.status {
-                SagaStatus::Running if !r.cancel_requested => {
-                    r.cancel_requested = true;
-                    r.audit.push(AuditEntry {
-                        at_ms: now_ms(),
-                        action: OperatorAction::Cancel,
-                        step: None,
-                        reason: reason.to_string(),
-                        by: by.clone(),
-                    });
-                    Ok(Some(()))
-                }
-                SagaStatus::Completed => Err(SagaError::WrongState {
-                    id: r.id.clone(),
-                    state: r.status.name(),
-                    action: "cancel",
-                }),
-                _ => Ok(None),
-            })
-            .await?;
-        Ok(rec)
+        self.operate(id, reason, Request::Cancel).await
     }
 
     /// Retries the stuck compensation of saga `id` (after the cause was fixed): its failure
     /// count starts again from zero and the saga compensates on. Audited with `reason`.
     pub async fn retry_stuck(&self, id: &str, reason: &str) -> Result<SagaRecord, SagaError> {
-        let by = who();
-        let (_, rec) = self
-            .update(id, None, |r| {
-                let SagaStatus::Stuck { step, .. } = r.status else {
-                    return Err(SagaError::WrongState {
-                        id: r.id.clone(),
-                        state: r.status.name(),
-                        action: "retry",
-                    });
-                };
-                let c = stuck_compensation(r, step)?;
-                c.failures = 0;
-                c.next_attempt_ms = None;
-                r.status = SagaStatus::Compensating;
-                r.audit.push(AuditEntry {
-                    at_ms: now_ms(),
-                    action: OperatorAction::Retry,
-                    step: Some(step),
-                    reason: reason.to_string(),
-                    by: by.clone(),
-                });
-                Ok(Some(()))
-            })
-            .await?;
-        Ok(rec)
+        self.operate(id, reason, Request::Retry).await
     }
 
     /// Skips the stuck compensation of step `step` of saga `id`: it is recorded as skipped
@@ -581,36 +272,24 @@ impl SagaLog {
                 "skipping a compensation needs a reason".into(),
             ));
         }
+        self.operate(id, reason, Request::Skip { step }).await
+    }
+
+    /// An operator's request, unfenced and audited.
+    async fn operate(
+        &self,
+        id: &str,
+        reason: &str,
+        request: Request,
+    ) -> Result<SagaRecord, SagaError> {
         let by = who();
+        let event = Event::Operator {
+            by: &by,
+            reason,
+            request,
+        };
         let (_, rec) = self
-            .update(id, None, |r| {
-                let SagaStatus::Stuck { step: stuck, .. } = r.status else {
-                    return Err(SagaError::WrongState {
-                        id: r.id.clone(),
-                        state: r.status.name(),
-                        action: "skip",
-                    });
-                };
-                if stuck != step {
-                    return Err(SagaError::Invalid(format!(
-                        "saga {} is stuck on step {stuck} ({}), not step {step}",
-                        r.id, r.steps[stuck].name
-                    )));
-                }
-                let c = stuck_compensation(r, step)?;
-                c.state = CompensationState::Skipped;
-                c.next_attempt_ms = None;
-                c.finished_ms = Some(now_ms());
-                r.status = SagaStatus::Compensating;
-                r.audit.push(AuditEntry {
-                    at_ms: now_ms(),
-                    action: OperatorAction::Skip,
-                    step: Some(step),
-                    reason: reason.to_string(),
-                    by: by.clone(),
-                });
-                Ok(Some(()))
-            })
+            .update(id, None, |r| transition(r, &event, now_ms()))
             .await?;
         Ok(rec)
     }
@@ -647,21 +326,6 @@ impl SagaLog {
     pub async fn wait_settled(&self, id: &str, timeout: Duration) -> Result<SagaRecord, SagaError> {
         self.wait_for(id, timeout, |r| r.status.is_settled()).await
     }
-}
-
-fn stuck_compensation(
-    r: &mut SagaRecord,
-    step: usize,
-) -> Result<&mut CompensationRecord, SagaError> {
-    let id = r.id.clone();
-    r.steps
-        .get_mut(step)
-        .and_then(|s| s.compensation.as_mut())
-        .ok_or_else(|| {
-            SagaError::Corrupt(format!(
-                "saga {id} is stuck on step {step}, which has no compensation"
-            ))
-        })
 }
 
 /// Saga ids: 1-128 of `[A-Za-z0-9_.:-]` (no `/`, so `<namespace>/<id>/<step>` is an

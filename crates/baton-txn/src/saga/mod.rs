@@ -75,8 +75,14 @@
 mod def;
 #[cfg(feature = "postgres")]
 mod fence;
+#[cfg(test)]
+mod golden;
 mod log;
 mod orchestrator;
+mod plan;
+mod record;
+mod transition;
+mod wire;
 
 pub use def::{
     Action, BoxFuture, CompensationPolicy, Jitter, Phase, RetryPolicy, SagaBuilder, SagaDef,
@@ -84,11 +90,11 @@ pub use def::{
 };
 #[cfg(feature = "postgres")]
 pub use fence::{FenceAction, FenceRecord, FenceUndo, StepFence};
-pub use log::{
-    AuditEntry, CompensationRecord, CompensationState, OperatorAction, SagaLog, SagaRecord,
-    SagaStatus, StepRecord, StepState,
-};
+pub use log::SagaLog;
 pub use orchestrator::{Orchestrator, OrchestratorConfig, SagaEvent};
+pub use record::{
+    AuditEntry, OperatorAction, PhaseRecord, PhaseState, SagaRecord, SagaStatus, StepRecord,
+};
 
 use crate::coordination::LogError;
 

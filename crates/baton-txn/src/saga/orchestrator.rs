@@ -1,5 +1,7 @@
 //! The orchestrator: drives sagas through their steps, recording progress in the saga log
 //! before and after every attempt, under a Baton election whose fence guards every write.
+//! It is the runtime only — leadership, tasks, calls, timeouts, events and metrics: the next
+//! move is `plan`'s and what each write changes is `transition`'s.
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -8,12 +10,16 @@ use std::time::{Duration, Instant};
 
 use baton_client::{Client, Election, Session, SessionOptions, WatchOptions};
 use futures_util::StreamExt;
+use rand::Rng;
 use serde::Serialize;
 use serde_json::Value;
 use tokio::task::JoinSet;
 
-use super::def::{CallCtx, DynSaga, Phase, SagaDef, StepError, StepSpec};
-use super::log::{CompensationState, SagaLog, SagaRecord, SagaStatus, StepState};
+use super::def::{CallCtx, DynSaga, Phase, SagaDef, StepSpec};
+use super::log::SagaLog;
+use super::plan::{plan, Plan};
+use super::record::{PhaseState, SagaRecord, SagaStatus};
+use super::transition::{transition, Driver, Event, Move, Outcome};
 use super::SagaError;
 use crate::coordination::{now_ms, LeaderFence, LogError};
 
@@ -177,103 +183,6 @@ impl std::fmt::Debug for Orchestrator {
             .field("definitions", &self.defs.keys().collect::<Vec<_>>())
             .field("config", &self.config)
             .finish()
-    }
-}
-
-/// The next thing to do for a saga, decided from its record alone (so any orchestrator,
-/// reading the same record, decides the same).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Plan {
-    /// Finished or stuck: nothing to do.
-    Settled,
-    /// A retry pause runs until then (Unix ms).
-    Wait(u64),
-    /// An attempt was recorded running but its result never was: it was cut short.
-    Interrupted { step: usize, phase: Phase },
-    /// Cancellation was asked for: start compensating.
-    Cancel,
-    /// A step failed for good but the saga is still running (not written by this version;
-    /// repaired by compensating).
-    Fail,
-    /// Every step is done.
-    Complete,
-    /// Nothing is left to compensate.
-    Compensated,
-    /// Start an attempt.
-    Run { step: usize, phase: Phase },
-}
-
-fn plan(r: &SagaRecord, now: u64) -> Plan {
-    match r.status {
-        SagaStatus::Completed | SagaStatus::Compensated | SagaStatus::Stuck { .. } => Plan::Settled,
-        SagaStatus::Running => {
-            if let Some(step) = r.steps.iter().position(|s| s.state == StepState::Running) {
-                return Plan::Interrupted {
-                    step,
-                    phase: Phase::Action,
-                };
-            }
-            if r.cancel_requested {
-                return Plan::Cancel;
-            }
-            let Some(step) = r.steps.iter().position(|s| s.state != StepState::Done) else {
-                return Plan::Complete;
-            };
-            let s = &r.steps[step];
-            match s.state {
-                StepState::Pending => match s.next_attempt_ms {
-                    Some(due) if due > now => Plan::Wait(due),
-                    _ => Plan::Run {
-                        step,
-                        phase: Phase::Action,
-                    },
-                },
-                _ => Plan::Fail,
-            }
-        }
-        SagaStatus::Compensating => {
-            // The highest step whose compensation is still open: compensations run one at a
-            // time, in reverse step order.
-            let next = r.steps.iter().enumerate().rev().find_map(|(i, s)| {
-                s.compensation.as_ref().and_then(|c| match c.state {
-                    CompensationState::Pending | CompensationState::Running => Some((i, c)),
-                    _ => None,
-                })
-            });
-            match next {
-                None => Plan::Compensated,
-                Some((step, c)) if c.state == CompensationState::Running => Plan::Interrupted {
-                    step,
-                    phase: Phase::Compensation,
-                },
-                Some((step, c)) => match c.next_attempt_ms {
-                    Some(due) if due > now => Plan::Wait(due),
-                    _ => Plan::Run {
-                        step,
-                        phase: Phase::Compensation,
-                    },
-                },
-            }
-        }
-    }
-}
-
-/// How one attempt ended.
-enum Outcome {
-    Ok(Value),
-    Failed(StepError),
-    /// Timed out or panicked: it may have taken effect.
-    Unknown(String),
-}
-
-impl Outcome {
-    fn kind(&self) -> &'static str {
-        match self {
-            Outcome::Ok(_) => "ok",
-            Outcome::Failed(StepError::Retryable(_)) => "retryable",
-            Outcome::Failed(StepError::Fatal(_)) => "fatal",
-            Outcome::Unknown(_) => "unknown",
-        }
     }
 }
 
@@ -562,7 +471,10 @@ impl Orchestrator {
                     tokio::time::sleep(pause).await;
                 }
                 Plan::Run { step, phase } => self.attempt(&def, id, step, phase, fence).await?,
-                p => self.transition(&def, id, fence, p).await?,
+                p => {
+                    let m = Move::carrying_out(p).expect("settled and waiting are handled above");
+                    self.advance(&def, id, fence, m).await?
+                }
             }
         }
     }
@@ -589,78 +501,26 @@ impl Orchestrator {
         format!("{} (token {})", self.config.instance, fence.token())
     }
 
-    /// Writes a transition that needs no call (cut-short attempts, cancel, the end).
-    async fn transition(
+    /// Writes a move that needs no call (cut-short attempts, cancel, the end).
+    async fn advance(
         &self,
         def: &Arc<dyn DynSaga>,
         id: &str,
         fence: &LeaderFence,
-        planned: Plan,
+        m: Move<'_>,
     ) -> Result<(), SagaError> {
         let specs = def.specs();
         let tag = self.tag(fence);
+        let driver = Driver {
+            tag: &tag,
+            specs: &specs,
+        };
+        let event = Event::Orchestrator(&driver, m);
         let (written, rec) = self
             .log
-            .update(id, Some(fence), |r| {
-                let now = now_ms();
-                if plan(r, now) != planned {
-                    return Ok(None);
-                }
-                r.orchestrator = Some(tag.clone());
-                match planned {
-                    Plan::Interrupted {
-                        step,
-                        phase: Phase::Action,
-                    } => {
-                        let s = &mut r.steps[step];
-                        s.state = StepState::Pending;
-                        s.outcome_unknown = true;
-                        s.next_attempt_ms = None;
-                        s.last_error = Some(format!(
-                            "attempt {} was cut short (its orchestrator stopped); outcome unknown",
-                            s.attempts
-                        ));
-                    }
-                    Plan::Interrupted {
-                        step,
-                        phase: Phase::Compensation,
-                    } => {
-                        if let Some(c) = r.steps[step].compensation.as_mut() {
-                            c.state = CompensationState::Pending;
-                            c.next_attempt_ms = None;
-                            c.last_error = Some(format!(
-                                "attempt {} was cut short (its orchestrator stopped)",
-                                c.attempts
-                            ));
-                        }
-                    }
-                    Plan::Cancel => {
-                        let why = r
-                            .audit
-                            .iter()
-                            .rev()
-                            .find(|a| a.action == super::OperatorAction::Cancel)
-                            .map(|a| format!("cancelled by {}: {}", a.by, a.reason))
-                            .unwrap_or_else(|| "cancelled".into());
-                        r.start_compensation(&specs, why);
-                    }
-                    Plan::Fail => {
-                        r.start_compensation(&specs, "a step failed".into());
-                    }
-                    Plan::Complete => {
-                        r.status = SagaStatus::Completed;
-                        r.finished_ms = Some(now);
-                    }
-                    Plan::Compensated => {
-                        r.status = SagaStatus::Compensated;
-                        r.finished_ms = Some(now);
-                    }
-                    Plan::Settled | Plan::Wait(_) | Plan::Run { .. } => return Ok(None),
-                }
-                Ok(Some(()))
-            })
+            .update(id, Some(fence), |r| transition(r, &event, now_ms()))
             .await?;
-        if written.is_some() && rec.status.is_final() {
+        if written && rec.status.is_final() {
             self.settled(&rec);
         }
         Ok(())
@@ -690,41 +550,20 @@ impl Orchestrator {
     ) -> Result<(), SagaError> {
         let specs = def.specs();
         let spec: &StepSpec = specs[step];
-        let planned = Plan::Run { step, phase };
         let tag = self.tag(fence);
+        let driver = Driver {
+            tag: &tag,
+            specs: &specs,
+        };
+        let start = Event::Orchestrator(&driver, Move::Start { step, phase });
         let (started, rec) = self
             .log
-            .update(id, Some(fence), |r| {
-                let now = now_ms();
-                if plan(r, now) != planned {
-                    return Ok(None);
-                }
-                r.orchestrator = Some(tag.clone());
-                let s = &mut r.steps[step];
-                let attempt = match phase {
-                    Phase::Action => {
-                        s.state = StepState::Running;
-                        s.attempts += 1;
-                        s.next_attempt_ms = None;
-                        s.started_ms.get_or_insert(now);
-                        s.attempts
-                    }
-                    Phase::Compensation => {
-                        let Some(c) = s.compensation.as_mut() else {
-                            return Ok(None);
-                        };
-                        c.state = CompensationState::Running;
-                        c.attempts += 1;
-                        c.next_attempt_ms = None;
-                        c.attempts
-                    }
-                };
-                Ok(Some(attempt))
-            })
+            .update(id, Some(fence), |r| transition(r, &start, now_ms()))
             .await?;
-        let Some(attempt) = started else {
+        let attempt = match rec.steps[step].phase(phase) {
+            Some(p) if started => p.attempts,
             // Someone changed the saga since it was read: decide again.
-            return Ok(());
+            _ => return Ok(()),
         };
         let labels = [
             ("namespace", self.log.namespace().to_string()),
@@ -746,9 +585,9 @@ impl Orchestrator {
                 attempt,
             },
         });
-        let s = &rec.steps[step];
+        let action = &rec.steps[step].action;
         let output = match phase {
-            Phase::Compensation if s.state == StepState::Done => s.output.clone(),
+            Phase::Compensation if action.state == PhaseState::Done => action.output.clone(),
             _ => None,
         };
         let cx = CallCtx {
@@ -780,20 +619,21 @@ impl Orchestrator {
                 ok,
             },
         });
+        let end = Event::Orchestrator(
+            &driver,
+            Move::End {
+                step,
+                phase,
+                attempt,
+                outcome: &outcome,
+                jitter: rand::thread_rng().gen_range(0.0..=1.0),
+            },
+        );
         let (written, rec) = self
             .log
-            .update(id, Some(fence), |r| {
-                let now = now_ms();
-                r.orchestrator = Some(tag.clone());
-                match phase {
-                    Phase::Action => record_action(r, &specs, step, attempt, &outcome, now),
-                    Phase::Compensation => {
-                        record_compensation(r, spec, step, attempt, &outcome, now)
-                    }
-                }
-            })
+            .update(id, Some(fence), |r| transition(r, &end, now_ms()))
             .await?;
-        if written.is_some() {
+        if written {
             self.emit(match phase {
                 Phase::Action => SagaEvent::StepRecorded {
                     saga,
@@ -854,213 +694,4 @@ fn panic_text(e: tokio::task::JoinError) -> String {
 
 fn is_fenced(e: &SagaError) -> bool {
     matches!(e, SagaError::Log(LogError::Fenced { .. }))
-}
-
-/// Records an action attempt's outcome (if the step is still in that attempt).
-fn record_action(
-    r: &mut SagaRecord,
-    specs: &[&StepSpec],
-    step: usize,
-    attempt: u32,
-    outcome: &Outcome,
-    now: u64,
-) -> Result<Option<()>, SagaError> {
-    let spec = specs[step];
-    let s = &mut r.steps[step];
-    if r.status != SagaStatus::Running || s.state != StepState::Running || s.attempts != attempt {
-        return Ok(None);
-    }
-    let (error, fatal) = match outcome {
-        Outcome::Ok(v) => {
-            s.state = StepState::Done;
-            s.output = Some(v.clone());
-            s.finished_ms = Some(now);
-            return Ok(Some(()));
-        }
-        Outcome::Failed(StepError::Retryable(e)) => (e.clone(), false),
-        Outcome::Failed(StepError::Fatal(e)) => (e.clone(), true),
-        Outcome::Unknown(e) => {
-            s.outcome_unknown = true;
-            (e.clone(), false)
-        }
-    };
-    s.failures += 1;
-    s.last_error = Some(format!("attempt {attempt}: {error}"));
-    if fatal || s.failures >= spec.retry.max_attempts {
-        s.state = StepState::Failed;
-        s.finished_ms = Some(now);
-        let why = format!(
-            "step {step} ({}) failed after {} attempt{}: {error}",
-            spec.name,
-            s.attempts,
-            if s.attempts == 1 { "" } else { "s" }
-        );
-        r.start_compensation(specs, why);
-    } else {
-        s.state = StepState::Pending;
-        s.next_attempt_ms = Some(now + spec.retry.delay(s.failures).as_millis() as u64);
-    }
-    Ok(Some(()))
-}
-
-/// Records a compensation attempt's outcome (if it is still in that attempt); parks the
-/// saga when the compensation failed fatally or `park_after` times in a row.
-fn record_compensation(
-    r: &mut SagaRecord,
-    spec: &StepSpec,
-    step: usize,
-    attempt: u32,
-    outcome: &Outcome,
-    now: u64,
-) -> Result<Option<()>, SagaError> {
-    if r.status != SagaStatus::Compensating {
-        return Ok(None);
-    }
-    let Some(c) = r.steps[step].compensation.as_mut() else {
-        return Ok(None);
-    };
-    if c.state != CompensationState::Running || c.attempts != attempt {
-        return Ok(None);
-    }
-    let (error, fatal) = match outcome {
-        Outcome::Ok(v) => {
-            c.state = CompensationState::Done;
-            c.output = Some(v.clone());
-            c.finished_ms = Some(now);
-            return Ok(Some(()));
-        }
-        Outcome::Failed(StepError::Retryable(e)) | Outcome::Unknown(e) => (e.clone(), false),
-        Outcome::Failed(StepError::Fatal(e)) => (e.clone(), true),
-    };
-    c.failures += 1;
-    c.state = CompensationState::Pending;
-    c.last_error = Some(format!("attempt {attempt}: {error}"));
-    if fatal || c.failures >= spec.compensation.park_after {
-        c.next_attempt_ms = None;
-        r.status = SagaStatus::Stuck {
-            step,
-            attempts: c.attempts,
-            last_error: error,
-        };
-    } else {
-        c.next_attempt_ms =
-            Some(now + spec.compensation.retry.delay(c.failures).as_millis() as u64);
-    }
-    Ok(Some(()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::saga::def::{RetryPolicy, StepCtx};
-
-    fn noop(_: StepCtx<()>) -> crate::saga::BoxFuture<'static, Result<Value, StepError>> {
-        Box::pin(async { Ok(Value::Null) })
-    }
-
-    fn def() -> SagaDef<()> {
-        let once = RetryPolicy {
-            max_attempts: 2,
-            jitter: crate::saga::Jitter::None,
-            ..RetryPolicy::default()
-        };
-        SagaDef::builder("t")
-            .step("a", noop)
-            .compensate(noop)
-            .step("b", noop)
-            .step("c", noop)
-            .compensate(noop)
-            .retry(once)
-            .build()
-            .unwrap()
-    }
-
-    fn record(def: &SagaDef<()>) -> SagaRecord {
-        SagaRecord::new(def, "s1", &()).unwrap()
-    }
-
-    fn run(step: usize, phase: Phase) -> Plan {
-        Plan::Run { step, phase }
-    }
-
-    #[test]
-    fn a_failure_after_retries_compensates_what_took_effect_in_reverse() {
-        let def = def();
-        let specs = def.steps();
-        let mut r = record(&def);
-        for step in 0..2 {
-            assert_eq!(plan(&r, 0), run(step, Phase::Action));
-            r.steps[step].state = StepState::Running;
-            r.steps[step].attempts = 1;
-            record_action(&mut r, &specs, step, 1, &Outcome::Ok(Value::Null), 0).unwrap();
-        }
-        // Step c: a timeout (outcome unknown), then a retryable failure: out of attempts.
-        r.steps[2].state = StepState::Running;
-        r.steps[2].attempts = 1;
-        let unknown = Outcome::Unknown("timed out".into());
-        record_action(&mut r, &specs, 2, 1, &unknown, 1000).unwrap();
-        assert_eq!(r.steps[2].state, StepState::Pending);
-        assert_eq!(plan(&r, 1000), Plan::Wait(1200), "the backoff pause");
-        assert_eq!(plan(&r, 1200), run(2, Phase::Action));
-        r.steps[2].state = StepState::Running;
-        r.steps[2].attempts = 2;
-        let failed = Outcome::Failed(StepError::Retryable("no".into()));
-        record_action(&mut r, &specs, 2, 2, &failed, 1300).unwrap();
-        assert_eq!(r.status, SagaStatus::Compensating);
-        // c (unknown outcome) first, then a; b has no compensation.
-        assert_eq!(plan(&r, 1300), run(2, Phase::Compensation));
-        assert!(r.steps[1].compensation.is_none());
-        r.steps[2].compensation.as_mut().unwrap().state = CompensationState::Done;
-        assert_eq!(plan(&r, 1300), run(0, Phase::Compensation));
-        r.steps[0].compensation.as_mut().unwrap().state = CompensationState::Done;
-        assert_eq!(plan(&r, 1300), Plan::Compensated);
-    }
-
-    #[test]
-    fn a_cut_short_attempt_is_rerun_and_marks_the_outcome_unknown() {
-        let def = def();
-        let mut r = record(&def);
-        r.steps[0].state = StepState::Running;
-        r.steps[0].attempts = 1;
-        r.cancel_requested = true;
-        // The interrupted attempt is settled first, then the cancel.
-        assert_eq!(
-            plan(&r, 0),
-            Plan::Interrupted {
-                step: 0,
-                phase: Phase::Action
-            }
-        );
-        r.steps[0].state = StepState::Pending;
-        r.steps[0].outcome_unknown = true;
-        assert_eq!(plan(&r, 0), Plan::Cancel);
-        r.start_compensation(&def.steps(), "cancelled".into());
-        assert_eq!(plan(&r, 0), run(0, Phase::Compensation));
-    }
-
-    #[test]
-    fn a_compensation_parks_after_its_budget() {
-        let def = def();
-        let specs = def.steps();
-        let mut r = record(&def);
-        r.steps[0].state = StepState::Done;
-        r.start_compensation(&specs, "x".into());
-        let fail = Outcome::Failed(StepError::Retryable("down".into()));
-        for attempt in 1..=10 {
-            assert!(matches!(plan(&r, u64::MAX), Plan::Run { step: 0, .. }));
-            let c = r.steps[0].compensation.as_mut().unwrap();
-            c.state = CompensationState::Running;
-            c.attempts = attempt;
-            record_compensation(&mut r, specs[0], 0, attempt, &fail, 0).unwrap();
-        }
-        assert_eq!(
-            r.status,
-            SagaStatus::Stuck {
-                step: 0,
-                attempts: 10,
-                last_error: "down".into()
-            }
-        );
-        assert_eq!(plan(&r, u64::MAX), Plan::Settled);
-    }
 }

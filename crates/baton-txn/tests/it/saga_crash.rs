@@ -90,7 +90,7 @@ async fn case(endpoint: String, schema: Schema, scenario: Scenario, point: &str,
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "saga_child_process",
+            "saga_crash::saga_child_process",
             "--nocapture",
             "--test-threads",
             "1",

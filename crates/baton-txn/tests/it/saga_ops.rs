@@ -25,7 +25,7 @@ use crate::saga_common::{
 use baton_client::testing::{baton_binary, Flavor, TestServer};
 use baton_client::{Election, Session, SessionOptions};
 use baton_txn::coordination::LeaderFence;
-use baton_txn::saga::{CompensationState, OperatorAction, SagaEvent, SagaStatus, StepState};
+use baton_txn::saga::{OperatorAction, PhaseState, SagaEvent, SagaStatus};
 use serde_json::Value;
 
 const SETTLE: Duration = Duration::from_secs(30);
@@ -159,7 +159,7 @@ async fn an_always_failing_refund_parks_the_saga_stuck_until_an_operator_skips_i
     let rec = orch.log().wait_settled("o-6", SETTLE).await.unwrap();
     assert_eq!(rec.status, SagaStatus::Compensated);
     let refund = rec.steps[1].compensation.as_ref().unwrap();
-    assert_eq!(refund.state, CompensationState::Skipped);
+    assert_eq!(refund.state, PhaseState::Skipped);
     assert_eq!(
         effect_count(&schema, &undo_key(ns, "o-6", 1), "compensation").await,
         0
@@ -232,7 +232,7 @@ async fn a_stuck_saga_retried_after_the_cause_is_fixed_compensates() {
     let rec = orch.log().wait_settled("o-7", SETTLE).await.unwrap();
     assert_eq!(rec.status, SagaStatus::Compensated);
     let refund = rec.steps[1].compensation.as_ref().unwrap();
-    assert_eq!(refund.state, CompensationState::Done);
+    assert_eq!(refund.state, PhaseState::Done);
     assert_eq!(refund.attempts, 3);
     assert_eq!(
         effect_count(&schema, &undo_key(ns, "o-7", 1), "compensation").await,
@@ -281,7 +281,7 @@ async fn a_deposed_orchestrator_cannot_write_the_saga() {
     let rec = orch.status("o-8").await.unwrap().unwrap();
     assert_eq!(rec.status, SagaStatus::Running);
     assert_eq!(
-        rec.steps[0].attempts, 0,
+        rec.steps[0].action.attempts, 0,
         "not even the first attempt was recorded"
     );
     assert_eq!(
@@ -332,7 +332,9 @@ async fn an_orchestrator_losing_its_leadership_mid_step_stops_and_the_next_finis
     };
     a.start(&def, "o-9", &order).await.unwrap();
     a.log()
-        .wait_for("o-9", SETTLE, |r| r.steps[1].state == StepState::Running)
+        .wait_for("o-9", SETTLE, |r| {
+            r.steps[1].action.state == PhaseState::Running
+        })
         .await
         .unwrap();
 
@@ -373,7 +375,7 @@ async fn an_orchestrator_losing_its_leadership_mid_step_stops_and_the_next_finis
     assert!(rec.orchestrator.unwrap().starts_with("b "));
     // a's charge was cut short (its transaction rolled back with its task); b ran it again
     // with the same key: one charge.
-    assert!(rec.steps[1].attempts >= 2, "{:?}", rec.steps[1]);
+    assert!(rec.steps[1].action.attempts >= 2, "{:?}", rec.steps[1]);
     assert_eq!(
         effect_count(&schema, &step_key(ns, "o-9", 1), "action").await,
         1

@@ -20,7 +20,7 @@ use crate::saga_common::{
     step_key, undo_key, Order, Policies, IN_STOCK, OUT_OF_STOCK,
 };
 use baton_client::testing::{Flavor, TestServer};
-use baton_txn::saga::{SagaError, SagaStatus, StepFence, StepState};
+use baton_txn::saga::{PhaseState, SagaError, SagaStatus, StepFence};
 
 const SETTLE: Duration = Duration::from_secs(30);
 
@@ -45,15 +45,18 @@ async fn every_step_runs_once_and_the_saga_completes() {
     let rec = orch.log().wait_settled("o-1", SETTLE).await.unwrap();
     assert_eq!(rec.status, SagaStatus::Completed);
     for (i, s) in rec.steps.iter().enumerate() {
-        assert_eq!(s.state, StepState::Done, "step {i}");
-        assert_eq!(s.attempts, 1, "step {i}");
+        assert_eq!(s.action.state, PhaseState::Done, "step {i}");
+        assert_eq!(s.action.attempts, 1, "step {i}");
         assert!(s.compensation.is_none());
         assert_eq!(
             effect_count(&schema, &step_key(ns, "o-1", i), "action").await,
             1
         );
     }
-    assert_eq!(rec.steps[1].output.as_ref().unwrap()["verdict"], "applied");
+    assert_eq!(
+        rec.steps[1].action.output.as_ref().unwrap()["verdict"],
+        "applied"
+    );
     assert_eq!(
         effects_in_order(&schema, &format!("{ns}/o-1/")).await,
         pairs(&[
@@ -102,13 +105,13 @@ async fn a_failure_at_the_third_step_refunds_then_cancels() {
         .unwrap()
         .contains("insufficient stock"));
     // A fatal error is not retried.
-    assert_eq!(rec.steps[2].state, StepState::Failed);
-    assert_eq!(rec.steps[2].attempts, 1);
+    assert_eq!(rec.steps[2].action.state, PhaseState::Failed);
+    assert_eq!(rec.steps[2].action.attempts, 1);
     assert!(!rec.steps[2].outcome_unknown);
     // Its effect never happened, so it is not compensated; the shipment never started.
     assert!(rec.steps[2].compensation.is_none());
-    assert_eq!(rec.steps[3].state, StepState::Pending);
-    assert_eq!(rec.steps[3].attempts, 0);
+    assert_eq!(rec.steps[3].action.state, PhaseState::Pending);
+    assert_eq!(rec.steps[3].action.attempts, 0);
     assert_eq!(
         effects_in_order(&schema, &format!("{ns}/o-2/")).await,
         pairs(&[
@@ -239,7 +242,12 @@ async fn a_timed_out_step_is_compensated_and_its_late_arrival_rejected() {
     assert_eq!(rec.status, SagaStatus::Compensated);
     let reserve = &rec.steps[2];
     assert!(reserve.outcome_unknown);
-    assert!(reserve.last_error.as_deref().unwrap().contains("timed out"));
+    assert!(reserve
+        .action
+        .last_error
+        .as_deref()
+        .unwrap()
+        .contains("timed out"));
     // The outcome was unknown, so the release ran: an empty compensation.
     let release = reserve.compensation.as_ref().unwrap();
     assert_eq!(
@@ -303,7 +311,9 @@ async fn a_saga_cancelled_while_a_step_is_in_flight_still_compensates() {
     };
     orch.start(&def, "o-5", &order).await.unwrap();
     orch.log()
-        .wait_for("o-5", SETTLE, |r| r.steps[1].state == StepState::Running)
+        .wait_for("o-5", SETTLE, |r| {
+            r.steps[1].action.state == PhaseState::Running
+        })
         .await
         .unwrap();
 
@@ -328,8 +338,15 @@ async fn a_saga_cancelled_while_a_step_is_in_flight_still_compensates() {
         .as_deref()
         .unwrap()
         .contains("customer changed their mind"));
-    assert_eq!(rec.steps[1].state, StepState::Done, "the charge finished");
-    assert_eq!(rec.steps[2].attempts, 0, "nothing started after the cancel");
+    assert_eq!(
+        rec.steps[1].action.state,
+        PhaseState::Done,
+        "the charge finished"
+    );
+    assert_eq!(
+        rec.steps[2].action.attempts, 0,
+        "nothing started after the cancel"
+    );
     assert_eq!(
         effects_in_order(&schema, &format!("{ns}/o-5/")).await,
         pairs(&[

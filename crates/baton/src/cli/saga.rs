@@ -6,8 +6,7 @@
 
 use anyhow::{anyhow, Result};
 use baton_txn::saga::{
-    AuditEntry, CompensationRecord, CompensationState, SagaLog, SagaRecord, SagaStatus, StepRecord,
-    StepState,
+    AuditEntry, PhaseRecord, PhaseState, SagaLog, SagaRecord, SagaStatus, StepRecord,
 };
 use clap::{Args, Subcommand};
 use serde_json::json;
@@ -216,18 +215,15 @@ fn current(rec: &SagaRecord) -> Option<(usize, u32, Option<&str>)> {
         SagaStatus::Running => rec
             .steps
             .iter()
-            .position(|s| s.state != StepState::Done)
+            .position(|s| s.action.state != PhaseState::Done)
             .map(|i| {
-                let s = &rec.steps[i];
-                (i, s.attempts, s.last_error.as_deref())
+                let a = &rec.steps[i].action;
+                (i, a.attempts, a.last_error.as_deref())
             }),
         SagaStatus::Compensating => rec.steps.iter().enumerate().rev().find_map(|(i, s)| {
             let c = s.compensation.as_ref()?;
-            matches!(
-                c.state,
-                CompensationState::Pending | CompensationState::Running
-            )
-            .then(|| (i, c.attempts, c.last_error.as_deref()))
+            matches!(c.state, PhaseState::Pending | PhaseState::Running)
+                .then(|| (i, c.attempts, c.last_error.as_deref()))
         }),
         SagaStatus::Stuck {
             step,
@@ -308,13 +304,13 @@ fn render_show(rec: &SagaRecord, format: Format) -> String {
                 let c = s.compensation.as_ref();
                 let error = c
                     .and_then(|c| c.last_error.as_deref())
-                    .or(s.last_error.as_deref());
+                    .or(s.action.last_error.as_deref());
                 out.push_str(&format!(
                     "{i}\t{}\t{}\t{}\t{}\t{}\t{}\n",
                     s.name,
                     step_state(s),
-                    s.attempts,
-                    c.map_or("-", |c| comp_state(c)),
+                    s.action.attempts,
+                    c.map_or("-", phase_state),
                     c.map_or(0, |c| c.attempts),
                     one_line(error)
                 ));
@@ -357,9 +353,9 @@ fn render_show(rec: &SagaRecord, format: Format) -> String {
                     i.to_string(),
                     s.name.clone(),
                     step_state(s),
-                    s.attempts.to_string(),
-                    cut(&one_line(s.last_error.as_deref()), 50),
-                    c.map_or("-".into(), |c| comp_state(c).to_string()),
+                    s.action.attempts.to_string(),
+                    cut(&one_line(s.action.last_error.as_deref()), 50),
+                    c.map_or("-".into(), |c| phase_state(c).to_string()),
                     c.map_or("-".into(), |c| c.attempts.to_string()),
                     cut(&one_line(c.and_then(|c| c.last_error.as_deref())), 50),
                 ]);
@@ -406,27 +402,24 @@ fn status_line(rec: &SagaRecord) -> String {
 }
 
 fn step_state(s: &StepRecord) -> String {
-    let state = match s.state {
-        StepState::Pending if s.attempts > 0 => "retrying",
-        StepState::Pending => "pending",
-        StepState::Running => "running",
-        StepState::Done => "done",
-        StepState::Failed => "failed",
-    };
-    if s.outcome_unknown && s.state != StepState::Done {
+    let state = phase_state(&s.action);
+    if s.outcome_unknown && s.action.state != PhaseState::Done {
         format!("{state} (outcome unknown)")
     } else {
         state.into()
     }
 }
 
-fn comp_state(c: &CompensationRecord) -> &'static str {
-    match c.state {
-        CompensationState::Pending if c.attempts > 0 => "retrying",
-        CompensationState::Pending => "pending",
-        CompensationState::Running => "running",
-        CompensationState::Done => "done",
-        CompensationState::Skipped => "skipped",
+/// An action's or a compensation's state (an action is never skipped, a compensation never
+/// failed).
+fn phase_state(p: &PhaseRecord) -> &'static str {
+    match p.state {
+        PhaseState::Pending if p.attempts > 0 => "retrying",
+        PhaseState::Pending => "pending",
+        PhaseState::Running => "running",
+        PhaseState::Done => "done",
+        PhaseState::Failed => "failed",
+        PhaseState::Skipped => "skipped",
     }
 }
 
