@@ -73,7 +73,7 @@ fn run_child_until_killed(fault: &str) -> String {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "fault_child_process",
+            "crash::fault_child_process",
             "--nocapture",
             "--test-threads",
             "1",

@@ -56,9 +56,11 @@ async fn ten_thousand_messages_applied_exactly_once_through_killed_relays() {
     let total = AGGREGATES * PER_AGGREGATE;
 
     for fault in ["after_publish", "mid_batch"] {
-        tokio::task::spawn_blocking(move || common::run_child_until_killed(fault))
-            .await
-            .unwrap();
+        tokio::task::spawn_blocking(move || {
+            common::run_child_until_killed("relay_amqp::fault_child_process", fault)
+        })
+        .await
+        .unwrap();
         let client = connect().await;
         let stats = Outbox::new(&schema).stats(&client).await.unwrap();
         println!("killed at {fault}: {} pending", stats.pending);

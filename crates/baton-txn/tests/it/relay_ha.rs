@@ -255,7 +255,7 @@ impl RelayProcess {
         command
             .args([
                 "--exact",
-                "ha_child_process",
+                "relay_ha::ha_child_process",
                 "--nocapture",
                 "--test-threads",
                 "1",

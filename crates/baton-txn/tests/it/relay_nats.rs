@@ -42,9 +42,11 @@ async fn ten_thousand_messages_exactly_once_through_killed_relays() {
     // Killed after publishing its third batch, before marking it sent; then a second relay
     // killed in the middle of a batch.
     for fault in ["after_publish", "mid_batch"] {
-        tokio::task::spawn_blocking(move || common::run_child_until_killed(fault))
-            .await
-            .unwrap();
+        tokio::task::spawn_blocking(move || {
+            common::run_child_until_killed("relay_nats::fault_child_process", fault)
+        })
+        .await
+        .unwrap();
         let client = connect().await;
         let stats = Outbox::new(&schema).stats(&client).await.unwrap();
         let stored = stream.info().await.unwrap().state.messages as usize;

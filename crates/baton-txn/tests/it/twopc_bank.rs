@@ -34,10 +34,10 @@ async fn every_fault_point_across_postgresql_and_mariadb() {
         let banks = Banks::create(name, &namespace).await;
         let log: Arc<dyn DecisionLog> =
             Arc::new(BatonDecisionLog::new(&client, &namespace).unwrap());
-        let run = run_child(format!(
-            "{namespace}|{}|{name}|0|1|0|{point}",
-            server.endpoint()
-        ));
+        let run = run_child(
+            "twopc_bank::bank_child_process",
+            format!("{namespace}|{}|{name}|0|1|0|{point}", server.endpoint()),
+        );
         let (_, reached) = run.killed_at.expect("killed");
         assert_eq!(reached, point);
         let in_doubt =
@@ -86,10 +86,13 @@ async fn a_thousand_transfers_with_random_coordinator_kills() {
     let mut kills = Vec::new();
     let mut outcomes = 0;
     while next < TRANSFERS {
-        let run = run_child(format!(
-            "{namespace}|{}|{name}|{next}|{TRANSFERS}|40|-",
-            server.endpoint()
-        ));
+        let run = run_child(
+            "twopc_bank::bank_child_process",
+            format!(
+                "{namespace}|{}|{name}|{next}|{TRANSFERS}|40|-",
+                server.endpoint()
+            ),
+        );
         outcomes += run.outcomes.len();
         match run.killed_at {
             Some((i, point)) => {

@@ -288,7 +288,7 @@ fn spawn_child(
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "coordinator_child_process",
+            "twopc_pg::coordinator_child_process",
             "--nocapture",
             "--test-threads",
             "1",

@@ -316,15 +316,11 @@ pub struct ChildRun {
     pub outcomes: Vec<String>,
 }
 
-pub fn run_child(spec: String) -> ChildRun {
+/// Runs this test binary's test `child_test` (its full name, `module::fn`: the tests share
+/// one binary) as the bank's child process with `spec`.
+pub fn run_child(child_test: &str, spec: String) -> ChildRun {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "bank_child_process",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
+        .args(["--exact", child_test, "--nocapture", "--test-threads", "1"])
         .env(CHILD_ENV, spec)
         .env("BATON_TEST_PG_URL", pg_url())
         .env("BATON_TEST_MARIADB_URL", maria_url())

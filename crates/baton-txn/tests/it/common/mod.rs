@@ -272,17 +272,12 @@ pub async fn run_faulty_relay<P: Publisher>(schema: &Schema, publisher: P, fault
     unreachable!("the relay runs until killed");
 }
 
-/// Runs this test binary's `fault_child_process` test with `fault`, waits until it reports
-/// the fault point, kills it with SIGKILL and reaps it.
-pub fn run_child_until_killed(fault: &str) {
+/// Runs this test binary's test `child_test` (its full name, `module::fn`: the tests share
+/// one binary) with `fault`, waits until it reports the fault point, kills it with SIGKILL
+/// and reaps it.
+pub fn run_child_until_killed(child_test: &str, fault: &str) {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "fault_child_process",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
+        .args(["--exact", child_test, "--nocapture", "--test-threads", "1"])
         .env(FAULT_ENV, fault)
         .env("BATON_TEST_PG_URL", pg_url())
         .env("BATON_TEST_NATS_URL", nats_url())

@@ -3,18 +3,22 @@
 //! a commit decision), then PostgreSQL and MariaDB are stopped and started again
 //! (`scripts/services stop|start pg mariadb`), and the Recoverer aborts or commits both.
 //!
-//! It restarts the servers of `scripts/services`, so it runs in a test binary of its own (the
-//! binaries of a `cargo test` run one after another) and needs the default URLs.
+//! It restarts the servers of `scripts/services`, so it runs in a test binary of its own, an
+//! exception to tests/it/ (the binaries of a `cargo test` run one after another), and needs
+//! the default URLs.
 
-use crate::common;
+// The shared helpers of tests/it/, compiled into this binary too (only some are used here).
+#[allow(dead_code)]
+#[path = "it/common/mod.rs"]
+mod common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::bank::pg_prepared;
-use crate::common::bank2::{baton, maria_url, run_child, Banks, DEFAULT_MARIADB_URL};
 use baton_client::testing::{Flavor, TestServer};
 use baton_txn::twopc::{BatonDecisionLog, DecisionLog};
+use common::bank::pg_prepared;
+use common::bank2::{baton, maria_url, run_child, Banks, DEFAULT_MARIADB_URL};
 
 /// Starts the databases again if the test fails while they are stopped, so the test
 /// binaries after this one find them running.
@@ -57,10 +61,10 @@ async fn prepared_branches_survive_a_database_restart_and_are_recovered() {
         let banks = Banks::create(name, &namespace).await;
         let log: Arc<dyn DecisionLog> =
             Arc::new(BatonDecisionLog::new(&client, &namespace).unwrap());
-        let run = run_child(format!(
-            "{namespace}|{}|{name}|0|1|0|{point}",
-            server.endpoint()
-        ));
+        let run = run_child(
+            "bank_child_process",
+            format!("{namespace}|{}|{name}|0|1|0|{point}", server.endpoint()),
+        );
         assert_eq!(run.killed_at.expect("killed").1, point);
         let before = (
             pg_prepared(&namespace).await,

@@ -1,23 +1,27 @@
-//! PostgreSQL restarted under a running relay (its own test binary: the restart cuts every
-//! connection, which would break tests running beside it). The relay loses its connection in
+//! PostgreSQL restarted under a running relay (its own test binary, the one exception to
+//! tests/it/: the restart cuts every connection, which would break tests running beside it,
+//! and cargo runs test binaries one at a time). The relay loses its connection in
 //! the middle of its rounds, reconnects with backoff and finishes; JetStream drops what it
 //! republishes; nothing is lost and every aggregate stays in order.
 //!
 //! It restarts the cluster of `scripts/services` (`stop pg`, `start pg`), so it needs that
 //! cluster, not a server elsewhere.
 
-use crate::common;
+// The shared helpers of tests/it/, compiled into this binary too (only some are used here).
+#[allow(dead_code)]
+#[path = "it/common/mod.rs"]
+mod common;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::common::{connect, connect_nats, fresh_schema, try_connect};
 use async_nats::jetstream::{self, stream};
 use baton_txn::pg::{Outbox, OutboxMessage};
 use baton_txn::relay::nats::JetStreamPublisher;
 use baton_txn::relay::{PublishError, Publisher, Relay, RelayConfig};
+use common::{connect, connect_nats, fresh_schema, try_connect};
 
 const SUBJECT: &str = "t_relay_restart.orders";
 const AGGREGATES: usize = 30;
