@@ -521,3 +521,24 @@ async fn a_data_directory_is_used_by_one_replica_at_a_time() {
     first.shutdown().await;
     drop(first);
 }
+
+/// A data directory from before clusters (member identity format 1, magic `BTNMEMB1`) is
+/// refused with a message that says so, not misread: its log format cannot be read either.
+#[tokio::test]
+async fn a_data_directory_from_before_clusters_is_refused_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut old = b"BTNMEMB1".to_vec();
+    old.extend_from_slice(&[0u8; 24]);
+    fs::write(dir.path().join("member.meta"), &old).unwrap();
+    match Node::start(config(dir.path())).await {
+        Err(e @ StartError::Io { .. }) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("member.meta") && text.contains("written by an earlier Baton"),
+                "{text}"
+            );
+        }
+        Err(other) => panic!("expected the old-format refusal, got {other}"),
+        Ok(_) => panic!("a data directory from before clusters was opened"),
+    }
+}
