@@ -8,7 +8,6 @@
 //! the default URLs.
 
 // The shared helpers of tests/it/, compiled into this binary too (only some are used here).
-#[allow(dead_code)]
 #[path = "it/common/mod.rs"]
 mod common;
 
