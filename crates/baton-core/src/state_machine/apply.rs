@@ -47,6 +47,16 @@ impl StateMachine {
         };
         if !w.events.is_empty() {
             debug_assert!(w.events.iter().all(|e| e.kv.mod_revision.0 == w.rev));
+            // The pair: the entry's writes went to exactly the revision after the one it
+            // started from. Anything else means a command moved `revision` itself, and a
+            // revision that goes back (or skips) breaks every watcher and reader after it.
+            assert_eq!(
+                w.rev,
+                self.revision + 1,
+                "revision {} recorded after {}",
+                w.rev,
+                self.revision
+            );
             self.revision = w.rev;
         }
         Applied {

@@ -47,7 +47,10 @@ impl StateMachine {
             Decision::Apply => {
                 // The wrapped command's own failure is an answer like any other: it is
                 // cached, so a retry gets the same error instead of a second attempt.
-                let response = execute(self, w).unwrap_or_else(Response::Error);
+                let response = execute(self, w).unwrap_or_else(|e| {
+                    assert!(w.events.is_empty(), "a failed command wrote something");
+                    Response::Error(e)
+                });
                 let revision = if w.events.is_empty() {
                     self.revision
                 } else {

@@ -271,6 +271,13 @@ impl StateMachine {
     /// Drops history below `revision`, which `apply_compact` checked is past the compact
     /// revision and not in the future.
     fn compact(&mut self, revision: i64) {
+        // The pair: the compact revision only moves forward, and never past the present.
+        assert!(
+            self.compact_revision < revision && revision <= self.revision,
+            "compaction to {revision} with compact revision {} at revision {}",
+            self.compact_revision,
+            self.revision
+        );
         self.store.compact(revision);
         self.compact_revision = revision;
     }
