@@ -1,6 +1,5 @@
 //! Tests of what every entry shares (log order, the empty store, a deep txn through the
-//! log's encoding) and of exactly-once sessions end to end, plus the helpers the domain
-//! modules' own tests build entries with.
+//! log's encoding), and the helpers the domain modules' own tests build entries with.
 
 use super::store::StateMachine;
 use crate::command::{
