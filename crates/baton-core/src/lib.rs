@@ -21,11 +21,13 @@
 //! Codemap: `command`/`types` are the contract with the raft and server crates; `locks` is
 //! the lock registry (lock-delay, force-release history, queue index) and the fence table;
 //! `clients` (private) holds the de-duplication sessions and their cached answers;
-//! `state_machine` checks then executes each entry; `mvcc` (private) holds every version of
-//! every key plus a revision-ordered change index; `validate` (private) holds etcd's
-//! stateless request checks; `watch` is the node-local watch hub; `crc32` (private) backs
-//! snapshot checksums and `hash_kv`; `format` states the rule every persisted type follows
-//! (variants append-only, fields never reorder) and what pins it (golden bytes).
+//! `state_machine` checks then executes each entry (one module per domain: `kv`, `lease`,
+//! `lock`, `dedup`, `alarm`, `snapshot`, `read`, routed by `apply`, over `store`'s struct);
+//! `mvcc` (private) holds every version of every key plus a revision-ordered change index;
+//! `validate` (private) holds etcd's stateless request checks; `watch` is the node-local
+//! watch hub; `crc32` (private) backs snapshot checksums and `hash_kv`; `format` states the
+//! rule every persisted type follows (variants append-only, fields never reorder) and what
+//! pins it (golden bytes).
 
 mod clients;
 pub mod command;

@@ -452,8 +452,26 @@ impl FenceTable {
         }
     }
 
+    /// Records `token` as `resource`'s highest, after `decide` accepted it.
     pub(crate) fn record(&mut self, resource: &[u8], token: i64) {
-        self.highest.insert(resource.to_vec(), token);
+        match self.highest.get_mut(resource) {
+            Some(highest) => {
+                // The pair: the recorded token never goes below the one before it, or a
+                // holder already fenced off would pass the fence again.
+                assert!(
+                    token >= *highest,
+                    "fence token {token} recorded below the highest {highest}"
+                );
+                *highest = token;
+            }
+            None => {
+                assert!(
+                    self.highest.len() < self.capacity,
+                    "fence table over capacity"
+                );
+                self.highest.insert(resource.to_vec(), token);
+            }
+        }
     }
 
     pub(crate) fn size_bytes(&self) -> u64 {
@@ -525,5 +543,13 @@ mod tests {
         ));
         assert!(matches!(f.decide(b"r", 5), Ok(FenceDecision::Accept)));
         assert!(f.decide(b"other", 9).is_err(), "full");
+    }
+
+    #[test]
+    #[should_panic(expected = "recorded below the highest")]
+    fn a_fence_never_records_a_lower_token() {
+        let mut f = FenceTable::default();
+        f.record(b"r", 5);
+        f.record(b"r", 4);
     }
 }

@@ -27,7 +27,8 @@ use crate::types::{Raft, Request};
 
 /// Bounds one entry: it is fsynced, replicated and applied (under the write lock) as a unit.
 const MAX_BATCH_COMMANDS: usize = 1024;
-const MAX_BATCH_BYTES: usize = 4 << 20;
+/// (`wire.rs` asserts at compile time: a request fits in a batch, a batch in a peer message.)
+pub(crate) const MAX_BATCH_BYTES: usize = 4 << 20;
 /// Bounds the queue in front of Raft (commands and their bytes). Beyond it a proposal is
 /// refused at once with etcd's "too many requests" rather than queued without limit: a
 /// client flood must cost the clients, not the server's memory.

@@ -22,6 +22,17 @@ use crate::types::Member;
 /// AppendEntries with several entries above it is split (openraft's `PayloadTooLarge`).
 pub(crate) const MAX_PEER_MESSAGE_BYTES: usize = 16 << 20;
 
+// The size chain, checked when this crate compiles: one request fits in a proposal batch
+// (one Raft entry), and one batch, like one snapshot chunk, fits in a peer message, so an
+// AppendEntries can always carry at least one entry (openraft's `PayloadTooLarge` splits
+// between entries, never inside one). The chain's last link, peer message <= WAL record
+// (`MAX_RECORD_BYTES`, private to wal.rs), belongs next to that constant:
+// `const _: () = assert!(crate::wire::MAX_PEER_MESSAGE_BYTES <= MAX_RECORD_BYTES);`
+// left for wal.rs's split to add (this constant is already `pub(crate)`).
+const _: () = assert!(baton_core::MAX_REQUEST_BYTES <= crate::proposer::MAX_BATCH_BYTES);
+const _: () = assert!(crate::proposer::MAX_BATCH_BYTES <= MAX_PEER_MESSAGE_BYTES);
+const _: () = assert!(SNAPSHOT_CHUNK_BYTES as usize <= MAX_PEER_MESSAGE_BYTES);
+
 /// The format of every peer payload this binary sends and reads (the bincode encodings
 /// pinned by `golden`; the rule is `baton_core::format`), carried in
 /// `PeerMessage::format_version`. Bump it when a payload changes in a way another build
