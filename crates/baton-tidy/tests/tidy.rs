@@ -77,7 +77,17 @@ const REACH_BACKS_ALLOWED: &[(&str, &str, &[&str], &str)] = &[
     (
         "baton-txn",
         "saga/mod.rs",
-        &["saga/def.rs", "saga/log.rs", "saga/orchestrator.rs"],
+        &[
+            "saga/def.rs",
+            "saga/log.rs",
+            "saga/orchestrator.rs",
+            "saga/record.rs",
+            "saga/transition.rs",
+        ],
+        // record.rs and transition.rs were split out of log.rs and orchestrator.rs (issue
+        // 15), taking this same use along. A file of its own for `SagaError` would close a
+        // cycle instead: its `Timeout` holds a `SagaRecord`, and record.rs needs def.rs,
+        // which returns `SagaError`.
         "`SagaError` is defined in saga/mod.rs",
     ),
 ];
