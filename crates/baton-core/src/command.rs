@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::{Event, KeyRange, KeyValue, LeaseId, LogIndex, Revision, Term};
+use crate::types::{CommandIndex, Event, KeyRange, KeyValue, LeaseId, Revision, Term};
 
 /// etcd's default `--max-txn-ops`.
 pub const MAX_TXN_OPS: usize = 128;
@@ -23,7 +23,7 @@ pub const MAX_CLIENT_TIMEOUT_MS: u64 = 24 * 60 * 60 * 1000;
 /// One entry of the replicated log as the state machine sees it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Entry {
-    pub index: LogIndex,
+    pub index: CommandIndex,
     pub term: Term,
     /// Stamped by the leader from its monotonic clock; never goes backwards across entries.
     /// The only source of time the core ever sees.

@@ -31,13 +31,15 @@ impl LeaseId {
     }
 }
 
-/// Position of an entry in the replicated log.
+/// Position of a command among all commands ever applied (1, 2, …): what the state machine's
+/// `Entry::index` counts. Not a Raft log index: one Raft entry carries a batch of commands
+/// (see baton-raft's `types::Request`), and blank or membership entries carry none.
 ///
 /// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
 )]
-pub struct LogIndex(pub u64);
+pub struct CommandIndex(pub u64);
 
 /// A Raft term.
 ///

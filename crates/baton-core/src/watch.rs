@@ -290,7 +290,7 @@ mod tests {
     use super::*;
     use crate::command::{Command, DeleteRangeRequest, Entry, PutRequest, TxnRequest};
     use crate::command::{RequestOp, Response};
-    use crate::types::{LogIndex, Term};
+    use crate::types::{CommandIndex, Term};
 
     /// A store plus a hub wired the way the server wires them: every applied entry's events
     /// are published right away.
@@ -312,7 +312,7 @@ mod tests {
         fn apply(&mut self, command: Command) -> Response {
             self.index += 1;
             let applied = self.sm.apply(&Entry {
-                index: LogIndex(self.index),
+                index: CommandIndex(self.index),
                 term: Term(1),
                 time_ms: 0,
                 command,
@@ -596,7 +596,7 @@ mod tests {
         let w = n.watch(spec("k", "", 2));
         n.index += 1;
         let applied = n.sm.apply(&Entry {
-            index: LogIndex(n.index),
+            index: CommandIndex(n.index),
             term: Term(1),
             time_ms: 0,
             command: put_cmd("k", "2"),
@@ -625,7 +625,7 @@ mod tests {
         let mut leader = StateMachine::restore(&n.sm.snapshot()).expect("restore");
         for (i, v) in ["3", "4"].iter().enumerate() {
             leader.apply(&Entry {
-                index: LogIndex(n.index + 1 + i as u64),
+                index: CommandIndex(n.index + 1 + i as u64),
                 term: Term(2),
                 time_ms: 0,
                 command: put_cmd("k", v),
@@ -731,7 +731,7 @@ mod tests {
                 if let Some(command) = command {
                     n.index += 1;
                     let a = n.sm.apply(&Entry {
-                        index: LogIndex(n.index),
+                        index: CommandIndex(n.index),
                         term: Term(1),
                         time_ms: 0,
                         command,

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use baton_core::{
-    Applied, Command, Entry, EventKind, LogIndex, Revision, StateMachine, Term, WatchHub,
+    Applied, Command, CommandIndex, Entry, EventKind, Revision, StateMachine, Term, WatchHub,
 };
 use openraft::storage::RaftStateMachine;
 use openraft::{
@@ -167,7 +167,7 @@ impl Shared {
         let mut results = Vec::with_capacity(commands.len());
         for (index, command) in (first_index..).zip(commands) {
             let entry = Entry {
-                index: LogIndex(index),
+                index: CommandIndex(index),
                 term: Term(log_id.leader_id.term),
                 time_ms,
                 command,

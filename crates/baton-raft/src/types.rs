@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 /// entry, so one entry per command would cost one fsync per command no matter how the log
 /// store queues writes. Concurrent proposals are therefore gathered into one entry (see
 /// `proposer`), and group commit happens there. Each command is applied to the core as its own
-/// `baton_core::Entry`; the core's `LogIndex` thus counts applied commands, not Raft entries.
+/// `baton_core::Entry`; the core's `CommandIndex` counts applied commands, not Raft entries.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Request {
     pub(crate) time_ms: u64,

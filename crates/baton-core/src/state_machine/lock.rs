@@ -326,7 +326,7 @@ mod tests {
     use super::*;
     use crate::command::{DeleteRangeRequest, Entry};
     use crate::state_machine::tests::{enqueue, entry};
-    use crate::types::{KeyRange, LogIndex, Term};
+    use crate::types::{CommandIndex, KeyRange, Term};
 
     #[test]
     fn full_lock_registry_collects_idle_locks_or_refuses() {
@@ -336,7 +336,7 @@ mod tests {
         let mut at = |sm: &mut StateMachine, time_ms: u64, command: Command| {
             i += 1;
             sm.apply(&Entry {
-                index: LogIndex(i),
+                index: CommandIndex(i),
                 term: Term(1),
                 time_ms,
                 command,

@@ -7,7 +7,7 @@
 
 use crate::command::KvError;
 use crate::crc32::Crc32;
-use crate::types::{Event, KeyRange, LogIndex, Revision, Term};
+use crate::types::{CommandIndex, Event, KeyRange, Revision, Term};
 
 use super::store::{StateMachine, FIRST_REVISION};
 
@@ -32,7 +32,7 @@ impl StateMachine {
     }
 
     /// The last log entry applied.
-    pub fn last_applied(&self) -> (LogIndex, Term) {
+    pub fn last_applied(&self) -> (CommandIndex, Term) {
         self.last_applied.unwrap_or_default()
     }
 

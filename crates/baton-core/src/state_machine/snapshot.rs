@@ -17,7 +17,7 @@ use crate::command::AlarmType;
 use crate::crc32::crc32;
 use crate::locks::{FenceTable, LockRecord, LockTable, MAX_FENCE_RESOURCES, MAX_LOCKS};
 use crate::mvcc::{ChangeMap, Changed, Key, KeyMap, KeyStore, Version};
-use crate::types::{LeaseId, LogIndex, Term};
+use crate::types::{CommandIndex, LeaseId, Term};
 
 use super::store::{LeaseRecord, StateMachine};
 
@@ -44,7 +44,7 @@ const SNAPSHOT_FORMAT_V1: u8 = 1;
 struct SnapshotBodyRef<'a> {
     revision: i64,
     compact_revision: i64,
-    last_applied: Option<(LogIndex, Term)>,
+    last_applied: Option<(CommandIndex, Term)>,
     last_time_ms: u64,
     keys: &'a KeyMap,
     changes: &'a ChangeMap,
@@ -63,7 +63,7 @@ struct SnapshotBodyRef<'a> {
 struct SnapshotBody {
     revision: i64,
     compact_revision: i64,
-    last_applied: Option<(LogIndex, Term)>,
+    last_applied: Option<(CommandIndex, Term)>,
     last_time_ms: u64,
     keys: BTreeMap<Key, Vec<Version>>,
     changes: BTreeMap<i64, Changed>,
@@ -81,7 +81,7 @@ struct SnapshotBody {
 struct SnapshotBodyV3 {
     revision: i64,
     compact_revision: i64,
-    last_applied: Option<(LogIndex, Term)>,
+    last_applied: Option<(CommandIndex, Term)>,
     last_time_ms: u64,
     keys: BTreeMap<Key, Vec<Version>>,
     changes: BTreeMap<i64, Changed>,
@@ -116,7 +116,7 @@ impl From<SnapshotBodyV3> for SnapshotBody {
 struct SnapshotBodyV2 {
     revision: i64,
     compact_revision: i64,
-    last_applied: Option<(LogIndex, Term)>,
+    last_applied: Option<(CommandIndex, Term)>,
     last_time_ms: u64,
     keys: BTreeMap<Key, Vec<Version>>,
     changes: BTreeMap<i64, Changed>,
@@ -150,7 +150,7 @@ impl From<SnapshotBodyV2> for SnapshotBody {
 struct SnapshotBodyV1 {
     revision: i64,
     compact_revision: i64,
-    last_applied: Option<(LogIndex, Term)>,
+    last_applied: Option<(CommandIndex, Term)>,
     last_time_ms: u64,
     keys: BTreeMap<Key, Vec<Version>>,
     changes: BTreeMap<i64, Changed>,
@@ -319,7 +319,7 @@ mod tests {
         struct OldBody<'a> {
             revision: i64,
             compact_revision: i64,
-            last_applied: Option<(LogIndex, Term)>,
+            last_applied: Option<(CommandIndex, Term)>,
             last_time_ms: u64,
             keys: BTreeMap<Vec<u8>, Vec<OldVersion>>,
             changes: BTreeMap<i64, Vec<Vec<u8>>>,

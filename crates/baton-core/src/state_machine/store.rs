@@ -15,7 +15,7 @@ use crate::clients::ClientTable;
 use crate::command::AlarmType;
 use crate::locks::{FenceTable, LockTable};
 use crate::mvcc::KeyStore;
-use crate::types::{Event, LeaseId, LogIndex, Term};
+use crate::types::{CommandIndex, Event, LeaseId, Term};
 
 /// A lease as stored. The key set is the reverse index of `Live::lease`, kept so revoking a
 /// lease does not scan the store.
@@ -47,7 +47,7 @@ pub struct StateMachine {
     /// 1 (the empty store) until the first compaction: nothing before it can be lost.
     pub(super) compact_revision: i64,
     /// `None` until the first entry, so an entry at index 0 is accepted once.
-    pub(super) last_applied: Option<(LogIndex, Term)>,
+    pub(super) last_applied: Option<(CommandIndex, Term)>,
     pub(super) last_time_ms: u64,
 }
 

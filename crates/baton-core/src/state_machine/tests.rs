@@ -5,11 +5,11 @@ use super::store::StateMachine;
 use crate::command::{
     Command, Entry, KvError, PutRequest, RequestOp, Response, ResponseOp, TxnRequest,
 };
-use crate::types::{LeaseId, LogIndex, Revision, Term};
+use crate::types::{CommandIndex, LeaseId, Revision, Term};
 
 pub(super) fn entry(index: u64, command: Command) -> Entry {
     Entry {
-        index: LogIndex(index),
+        index: CommandIndex(index),
         term: Term(1),
         time_ms: index * 10,
         command,
@@ -84,7 +84,7 @@ fn empty_store_is_at_revision_one() {
     let sm = StateMachine::new();
     assert_eq!(sm.revision(), Revision(1));
     assert_eq!(sm.compact_revision(), Revision(1));
-    assert_eq!(sm.last_applied(), (LogIndex(0), Term(0)));
+    assert_eq!(sm.last_applied(), (CommandIndex(0), Term(0)));
     assert_eq!(sm.key_count(), 0);
     assert_eq!(StateMachine::default().revision(), Revision(1));
 }
@@ -102,6 +102,6 @@ fn index_zero_is_accepted_once_at_the_start() {
     let mut sm = StateMachine::new();
     sm.apply(&entry(0, Command::Noop));
     sm.apply(&entry(1, Command::Noop));
-    assert_eq!(sm.last_applied(), (LogIndex(1), Term(1)));
+    assert_eq!(sm.last_applied(), (CommandIndex(1), Term(1)));
     assert_eq!(sm.last_time_ms(), 10);
 }

@@ -575,7 +575,7 @@ fn small_state() -> StateMachine {
     let mut apply = |sm: &mut StateMachine, command: Command| {
         index += 1;
         let applied = sm.apply(&Entry {
-            index: LogIndex(index),
+            index: CommandIndex(index),
             term: Term(2),
             time_ms: 1_000 * index,
             command,

@@ -1342,7 +1342,7 @@ fn run_seed(seed: u64, steps: usize, outcomes: &mut BTreeMap<String, usize>) -> 
             }
         }
         let entry = Entry {
-            index: LogIndex(step as u64 + 1),
+            index: CommandIndex(step as u64 + 1),
             term,
             // Seconds apart, so lock-delays (up to 20 s) run out and force-release records
             // age past their one-hour retention within a run.
@@ -1477,7 +1477,7 @@ fn hundred_thousand_keys() {
     let n = 100_000u64;
     for i in 0..n {
         let a = sm.apply(&Entry {
-            index: LogIndex(i + 1),
+            index: CommandIndex(i + 1),
             term: Term(1),
             time_ms: 0,
             command: Command::Put(PutRequest {
@@ -1504,7 +1504,7 @@ fn hundred_thousand_keys() {
         .expect("history");
     assert_eq!(h.next, Revision(n as i64 + 2));
     sm.apply(&Entry {
-        index: LogIndex(n + 1),
+        index: CommandIndex(n + 1),
         term: Term(1),
         time_ms: 0,
         command: Command::Compact {

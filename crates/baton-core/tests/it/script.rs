@@ -456,7 +456,7 @@ impl Runner {
         let before = self.sm.revision();
         let validated = StateMachine::validate(&command);
         let applied = self.sm.apply(&Entry {
-            index: LogIndex(self.index),
+            index: CommandIndex(self.index),
             term: Term(1),
             time_ms: self.index * 100 + self.advanced_ms,
             command,
@@ -476,7 +476,7 @@ impl Runner {
         };
         assert_eq!(applied.revision, expected);
         assert_eq!(self.sm.revision(), expected);
-        assert_eq!(self.sm.last_applied(), (LogIndex(self.index), Term(1)));
+        assert_eq!(self.sm.last_applied(), (CommandIndex(self.index), Term(1)));
         self.sm.check_invariants().expect("invariants");
         self.hub.publish(&applied.events);
         applied
