@@ -340,8 +340,13 @@ fn run_inner(config: &SimConfig) -> Result<Outcome, SimError> {
         locks: Mutex::default(),
         nodes: (0..config.members).map(|_| Mutex::default()).collect(),
         clocks: (0..config.members).map(|_| Arc::default()).collect(),
-        disks: (0..config.members)
-            .map(|_| Arc::new(SimDisk::new(config.lying_disks)))
+        disks: (0..config.members as u64)
+            .map(|i| {
+                Arc::new(SimDisk::new(
+                    config.lying_disks,
+                    mix(config.seed, 1 << 40 | i),
+                ))
+            })
             .collect(),
         incarnations: (0..config.members).map(|_| AtomicU64::new(0)).collect(),
         workload_end: faults_end,
