@@ -164,6 +164,16 @@ pub struct MemberInfo {
     pub is_learner: bool,
 }
 
+/// Which way the Raft log's writes went since start (see `wal/handoff.rs`): operations
+/// carried out inline on the Raft core task, and batches (with their operations) carried out
+/// by the writer's batch loop (its OS thread, or its task under simulation).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WalWritePaths {
+    pub inline_ops: u64,
+    pub loop_batches: u64,
+    pub loop_ops: u64,
+}
+
 /// A replica's view of itself, for `Status`, headers and metrics.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeStatus {
@@ -977,6 +987,17 @@ impl Node {
     /// diagnostics; the same count is exported as `baton_wal_fsyncs_total`.
     pub fn wal_fsync_count(&self) -> u64 {
         self.inner.wal.stats.fsyncs.load(Ordering::Relaxed)
+    }
+
+    /// Which way the Raft log's writes went since start: inline or through the batch loop.
+    /// For tests (the simulation shows it runs both) and diagnostics.
+    pub fn wal_write_paths(&self) -> WalWritePaths {
+        let s = &self.inner.wal.stats;
+        WalWritePaths {
+            inline_ops: s.inline_ops.load(Ordering::Relaxed),
+            loop_batches: s.loop_batches.load(Ordering::Relaxed),
+            loop_ops: s.loop_ops.load(Ordering::Relaxed),
+        }
     }
 }
 
