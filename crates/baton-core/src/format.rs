@@ -2,7 +2,7 @@
 //! the golden files that pin their bytes.
 //!
 //! # Why there is a rule
-//! Baton writes its types with bincode: into the Raft log (`baton-raft/src/wal.rs`, records
+//! Baton writes its types with bincode: into the Raft log (`baton-raft/src/wal/`, records
 //! `[len][crc][bincode(Record)]`, whose entries hold [`Command`](crate::Command)s), into
 //! snapshots ([`StateMachine::snapshot`](crate::StateMachine::snapshot), whose de-duplication
 //! cache holds [`Response`](crate::Response)s and so [`KvError`](crate::KvError)s), and into
@@ -29,7 +29,7 @@
 //! `crates/baton-core/tests/golden/` (test `crates/baton-core/tests/it/golden.rs`); the peer
 //! payloads (`LeaderRequest`/`LeaderResponse`, openraft's messages as Baton encodes them) and
 //! the WAL's records are pinned the same way in `crates/baton-raft/tests/golden/` (unit tests
-//! `golden` in `wire.rs` and `wal.rs`). Each test enumerates its samples through an
+//! `golden` in `wire.rs` and `wal/tests.rs`). Each test enumerates its samples through an
 //! exhaustive `match`, so a new variant does not compile until it has a sample and a file
 //! name, and it checks that the samples' tags cover every variant (see
 //! [`variant_count`]), so a variant without a sample fails. A changed file fails the test;

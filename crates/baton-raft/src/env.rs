@@ -12,9 +12,14 @@
 //! - **seed**: lease ids, the restart hold and the election timeout are random; seeded,
 //!   they are reproducible (the election timeout becomes a fixed per-member value drawn from
 //!   the seed instead of openraft's own `thread_rng` draw).
-//! - **disk**: with hooks, the log writer runs as a task on the replica's runtime (not an OS
-//!   thread, whose timing no simulation controls), reports how far each log file is durable
-//!   (so a simulated crash can drop what was written but not fsynced) and can be slowed.
+//! - **disk**: the log writer writes its files through [`LogDisk`] and [`LogFile`]; the real
+//!   ones are files with fallocate(2) and fdatasync(2) (`wal/disk.rs`). An injected disk sits
+//!   *below* the real writer, so everything above it — the inline path on the Raft core
+//!   task, group commit, the ENOSPC backlog — is the code production runs. It models
+//!   durability (a simulated crash drops what was written but not synced) and can be slow.
+//!   With one injected, the writer's batch loop runs as a task on the replica's runtime
+//!   instead of on its own OS thread (the same loop: `wal/handoff.rs`), because no
+//!   simulation controls an OS thread's timing.
 
 use std::fmt;
 use std::future::Future;
@@ -38,8 +43,9 @@ pub struct Environment {
     pub wall_clock: Option<Arc<dyn WallClock>>,
     /// Seed of this replica's randomness; `None`: OS randomness.
     pub seed: Option<u64>,
-    /// Durability hooks of the log writer; `None`: the writer runs on its own OS thread.
-    pub disk: Option<Arc<dyn DiskHooks>>,
+    /// The disk under the log writer; `None`: the real one, with the writer's batch loop on
+    /// its own OS thread.
+    pub disk: Option<Arc<dyn LogDisk>>,
 }
 
 impl fmt::Debug for Environment {
@@ -113,13 +119,35 @@ pub trait PeerTransport: Send + Sync + 'static {
     fn listen(&self, addr: SocketAddr) -> ListenFuture;
 }
 
-/// Durability hooks of the log writer (see the module docs).
-pub trait DiskHooks: Send + Sync + 'static {
-    /// `path` is durable through its first `len` bytes (after an fsync, or a file written
-    /// atomically, or recovered at start).
-    fn synced(&self, path: &Path, len: u64);
-    /// How long the next write + fsync of a batch takes (a slow disk); zero for none.
-    fn fsync_delay(&self) -> Duration;
+/// The disk under the log writer (see the module docs): it opens the log files the writer
+/// appends to. Other files (the vote, a rewrite's new generation before it is opened) are
+/// written atomically (temporary file, fsync, rename) and are durable once they exist.
+pub trait LogDisk: Send + Sync + 'static {
+    /// Opens the log file at `path` for writing. Its first `durable` bytes are on disk: it
+    /// was recovered at start, or written atomically by a rewrite.
+    fn open(&self, path: &Path, durable: u64) -> io::Result<Box<dyn LogFile>>;
+    /// How long each batch of the writer's batch loop waits before it is written (a slow
+    /// disk); zero for none. Only an injected disk's loop waits (it runs as a task); a real
+    /// disk's time is spent in the calls themselves.
+    fn latency(&self) -> Duration {
+        Duration::ZERO
+    }
+}
+
+/// One log file opened by a [`LogDisk`]: the four things the log writer does to it.
+pub trait LogFile: Send + 'static {
+    /// The file's length, space allocated ahead included.
+    fn file_len(&self) -> io::Result<u64>;
+    /// Allocates `[offset, offset + len)` (fallocate(2)); the new space reads as zeros and is
+    /// made durable by the next [`LogFile::sync`]. `EOPNOTSUPP`/`ENOSYS` mean the file
+    /// system cannot, `ENOSPC` that it is full.
+    fn allocate(&mut self, offset: u64, len: u64) -> io::Result<()>;
+    /// Writes all of `buf` at `offset`.
+    fn write_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()>;
+    /// Makes everything written so far durable (fdatasync(2)) and returns how long that
+    /// took: a slow sync sends the next small appends to the batch loop instead of running
+    /// them inline (`wal/handoff.rs`).
+    fn sync(&mut self) -> io::Result<Duration>;
 }
 
 /// Object-safe byte stream of an injected peer connection.

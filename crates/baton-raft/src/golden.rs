@@ -7,7 +7,7 @@
 //! with the variants the decoder knows (`variant_count`: a variant without a sample fails).
 //! Each golden file is decoded and encoded again, so the decoding side is pinned too.
 //! `BATON_BLESS_NEW=1 cargo test -p baton-raft golden` writes missing files, never an existing
-//! one. The WAL's records are pinned in `wal.rs` (`tests::golden_records`) with the helpers
+//! one. The WAL's records are pinned in `wal/tests.rs` (`wal::tests::golden_records`) with the helpers
 //! here; the peer payloads below.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -152,7 +152,7 @@ pub(crate) fn assert_no_problems(problems: Vec<String>) {
     assert!(problems.is_empty(), "\n{}", problems.join("\n\n"));
 }
 
-/// Samples shared by the golden tests here and in `wal.rs`.
+/// Samples shared by the golden tests here and in `wal/tests.rs`.
 pub(crate) fn member(n: u8) -> Member {
     Member {
         name: format!("m{n}"),

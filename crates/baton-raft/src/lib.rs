@@ -86,7 +86,7 @@ pub use crate::cluster::{
 };
 pub use crate::deletions::KeyDeletion;
 pub use crate::env::{
-    DiskHooks, Environment, ListenFuture, PeerIncoming, PeerIo, PeerStream, PeerTransport,
+    Environment, ListenFuture, LogDisk, LogFile, PeerIncoming, PeerIo, PeerStream, PeerTransport,
     WallClock,
 };
 use crate::files::MemberMeta;
@@ -125,7 +125,7 @@ pub struct NodeConfig {
     /// Member of a multi-member cluster (`--initial-cluster` given); `None`: a single-member
     /// cluster with random ids and no peer listener, as before clusters existed.
     pub cluster: Option<ClusterConfig>,
-    /// Network, clock, randomness and disk hooks; the default is the real world (only a
+    /// Network, clock, randomness and the log's disk; the default is the real world (only a
     /// simulation injects anything, see `env`).
     pub env: Environment,
     /// Free bytes the data directory's file system keeps in reserve: below it this member
@@ -164,6 +164,16 @@ pub struct MemberInfo {
     pub is_learner: bool,
 }
 
+/// Which way the Raft log's writes went since start (see `wal/handoff.rs`): operations
+/// carried out inline on the Raft core task, and batches (with their operations) carried out
+/// by the writer's batch loop (its OS thread, or its task under simulation).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WalWritePaths {
+    pub inline_ops: u64,
+    pub loop_batches: u64,
+    pub loop_ops: u64,
+}
+
 /// A replica's view of itself, for `Status`, headers and metrics.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeStatus {
@@ -198,7 +208,7 @@ pub enum StartError {
     },
     #[error("corrupt snapshot {path}: {reason}")]
     CorruptSnapshot { path: PathBuf, reason: String },
-    /// The log was written in a newer format than this binary reads (`wal.rs`: format
+    /// The log was written in a newer format than this binary reads (`wal/record.rs`: format
     /// versions): it is refused rather than misread. Run the newer Baton that wrote it.
     #[error(
         "raft log {path} is in log format {found}, but this Baton reads log formats up to \
@@ -249,7 +259,7 @@ const LEASE_TICK: Duration = Duration::from_millis(100);
 /// or as many as the last snapshot if that is more. The entry count alone
 /// (`snapshot_every_entries`) does not bound the log: the proposer packs hundreds of commands
 /// into one entry under load, so 10 000 entries were a million 256-byte puts. (The log's
-/// entries no longer stay in memory — see `wal.rs` — so this bounds the log file and a
+/// entries no longer stay in memory — see `wal/index.rs` — so this bounds the log file and a
 /// restart's re-apply.) Growing the bound with the snapshot keeps the cost amortized: the
 /// snapshots written never add up to more than about twice the log written.
 const SNAPSHOT_LOG_MIN_BYTES: u64 = 16 << 20;
@@ -977,6 +987,17 @@ impl Node {
     /// diagnostics; the same count is exported as `baton_wal_fsyncs_total`.
     pub fn wal_fsync_count(&self) -> u64 {
         self.inner.wal.stats.fsyncs.load(Ordering::Relaxed)
+    }
+
+    /// Which way the Raft log's writes went since start: inline or through the batch loop.
+    /// For tests (the simulation shows it runs both) and diagnostics.
+    pub fn wal_write_paths(&self) -> WalWritePaths {
+        let s = &self.inner.wal.stats;
+        WalWritePaths {
+            inline_ops: s.inline_ops.load(Ordering::Relaxed),
+            loop_batches: s.loop_batches.load(Ordering::Relaxed),
+            loop_ops: s.loop_ops.load(Ordering::Relaxed),
+        }
     }
 }
 

@@ -26,7 +26,7 @@
 //!   a snapshot fits, the member clears the alarm it raised (also from a follower: clearing
 //!   is a client's request too, `etcdctl alarm disarm`).
 //!
-//! With injected disk hooks (the simulation) free space is not measured: the simulated disk
+//! With an injected disk (the simulation) free space is not measured: the simulated disk
 //! is never full.
 
 use std::io;
@@ -125,7 +125,7 @@ impl RateLimit {
 pub(crate) struct Space {
     /// `--disk-reserve-bytes`.
     pub(crate) reserve: u64,
-    /// Measure free space with statvfs (not with injected disk hooks).
+    /// Measure free space with statvfs (not with an injected disk).
     measure: bool,
     /// Free bytes at the last measurement (`u64::MAX`: not measured).
     free: AtomicU64,

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use baton_check::{CheckOptions, LockRecord, Recorder, ReplicaState, WatchEvent};
 use baton_raft::{
-    ClusterConfig, Environment, InitialClusterState, InitialMember, Node, NodeConfig,
+    ClusterConfig, Environment, InitialClusterState, InitialMember, Node, NodeConfig, WalWritePaths,
 };
 use baton_server::{ServerConfig, Shared};
 use parking_lot::Mutex;
@@ -155,6 +155,9 @@ pub struct Outcome {
     pub trace_hash: u64,
     /// Simulated time of the run.
     pub sim_time: Duration,
+    /// Which way the members' log writes went, summed over every incarnation: inline on the
+    /// Raft core task, or through the writer's batch loop (a task under simulation).
+    pub wal: WalWritePaths,
 }
 
 /// Why a run failed.
@@ -194,6 +197,8 @@ pub(crate) struct Ctx {
     pub(crate) done: AtomicBool,
     pub(crate) liveness: Mutex<Result<Duration, String>>,
     trace: Mutex<u64>,
+    /// Log write paths of the members' incarnations that ended (see [`Outcome::wal`]).
+    wal: Mutex<WalWritePaths>,
 }
 
 impl Ctx {
@@ -205,6 +210,15 @@ impl Ctx {
             *h = h.wrapping_mul(0x100_0000_01b3);
         }
         tracing::debug!(target: "baton_sim::trace", "{line}");
+    }
+
+    /// Adds `node`'s log write paths to the run's.
+    fn tally_wal(&self, node: &Node) {
+        let p = node.wal_write_paths();
+        let mut w = self.wal.lock();
+        w.inline_ops += p.inline_ops;
+        w.loop_batches += p.loop_batches;
+        w.loop_ops += p.loop_ops;
     }
 }
 
@@ -340,8 +354,13 @@ fn run_inner(config: &SimConfig) -> Result<Outcome, SimError> {
         locks: Mutex::default(),
         nodes: (0..config.members).map(|_| Mutex::default()).collect(),
         clocks: (0..config.members).map(|_| Arc::default()).collect(),
-        disks: (0..config.members)
-            .map(|_| Arc::new(SimDisk::new(config.lying_disks)))
+        disks: (0..config.members as u64)
+            .map(|i| {
+                Arc::new(SimDisk::new(
+                    config.lying_disks,
+                    mix(config.seed, 1 << 40 | i),
+                ))
+            })
             .collect(),
         incarnations: (0..config.members).map(|_| AtomicU64::new(0)).collect(),
         workload_end: faults_end,
@@ -349,6 +368,7 @@ fn run_inner(config: &SimConfig) -> Result<Outcome, SimError> {
         done: AtomicBool::new(false),
         liveness: Mutex::new(Err("the liveness probe did not finish".into())),
         trace: Mutex::new(0xcbf2_9ce4_8422_2325),
+        wal: Mutex::default(),
     });
 
     let mut sim = turmoil::Builder::new()
@@ -560,7 +580,9 @@ fn crash(
         return Ok(());
     }
     sim.crash(members[i].as_str());
-    ctx.nodes[i].lock().take();
+    if let Some(node) = ctx.nodes[i].lock().take() {
+        ctx.tally_wal(&node);
+    }
     let dropped = ctx.disks[i]
         .crash(rng, torn)
         .map_err(|e| SimError::Sim(format!("simulated crash of m{}: {e}", i + 1)))?;
@@ -751,6 +773,12 @@ fn judge(ctx: &Ctx, schedule: &[Scheduled], sim_time: Duration) -> Result<Outcom
         faults,
         trace_hash: *ctx.trace.lock(),
         sim_time,
+        wal: {
+            for n in &nodes {
+                ctx.tally_wal(n);
+            }
+            *ctx.wal.lock()
+        },
     })
 }
 
@@ -760,6 +788,8 @@ pub struct SwarmReport {
     pub passed: usize,
     pub failed: Vec<(u64, String)>,
     pub elapsed: Duration,
+    /// Log write paths summed over the passing seeds.
+    pub wal: WalWritePaths,
 }
 
 /// Runs seeds `start..start + count` with `base` as the template, stopping at the first
@@ -774,13 +804,19 @@ pub fn swarm(
     let t0 = Instant::now();
     let mut passed = 0;
     let mut failed = Vec::new();
+    let mut wal = WalWritePaths::default();
     for seed in start..start + count {
         let mut config = base.clone();
         config.seed = seed;
         let res = run(&config);
         progress(seed, &res);
         match res {
-            Ok(_) => passed += 1,
+            Ok(o) => {
+                passed += 1;
+                wal.inline_ops += o.wal.inline_ops;
+                wal.loop_batches += o.wal.loop_batches;
+                wal.loop_ops += o.wal.loop_ops;
+            }
             Err(e) => {
                 failed.push((seed, e.to_string()));
                 if stop_at_first {
@@ -793,5 +829,6 @@ pub fn swarm(
         passed,
         failed,
         elapsed: t0.elapsed(),
+        wal,
     }
 }

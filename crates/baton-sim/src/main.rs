@@ -108,9 +108,41 @@ impl Common {
     }
 }
 
-/// Runs `replay --seed N` in a child process of this binary: `Ok(trace hash)` if the seed
-/// passed, `Err(first line of its report)` if it failed.
-fn replay_in_child(common: &Common, seed: u64) -> Result<std::result::Result<String, String>> {
+/// What a passing seed's replay reports on its first line: the trace hash, and which way its
+/// log writes went (inline ops, batch-loop batches, batch-loop ops).
+#[derive(Debug, PartialEq, Eq)]
+struct Passed {
+    hash: String,
+    wal: [u64; 3],
+}
+
+impl Passed {
+    fn parse(line: &str) -> Passed {
+        let hash = line
+            .split("trace hash ")
+            .nth(1)
+            .and_then(|s| s.split(',').next())
+            .unwrap_or("")
+            .to_string();
+        // "..., wal 12 inline, 3 in 2 loop batches"
+        let numbers: Vec<u64> = line
+            .split(", wal ")
+            .nth(1)
+            .unwrap_or("")
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|n| n.parse().ok())
+            .collect();
+        let wal = match numbers[..] {
+            [inline, ops, batches] => [inline, batches, ops],
+            _ => [0; 3],
+        };
+        Passed { hash, wal }
+    }
+}
+
+/// Runs `replay --seed N` in a child process of this binary: `Ok` if the seed passed,
+/// `Err(first line of its report)` if it failed.
+fn replay_in_child(common: &Common, seed: u64) -> Result<std::result::Result<Passed, String>> {
     let out = std::process::Command::new(std::env::current_exe()?)
         .arg("replay")
         .arg("--seed")
@@ -122,13 +154,7 @@ fn replay_in_child(common: &Common, seed: u64) -> Result<std::result::Result<Str
     let stdout = String::from_utf8_lossy(&out.stdout);
     let first = stdout.lines().next().unwrap_or("").to_string();
     if out.status.success() {
-        let hash = first
-            .split("trace hash ")
-            .nth(1)
-            .and_then(|s| s.split(',').next())
-            .unwrap_or("")
-            .to_string();
-        Ok(Ok(hash))
+        Ok(Ok(Passed::parse(&first)))
     } else if first.is_empty() {
         Ok(Err(format!(
             "seed {seed} FAILED: the replay process exited with {}",
@@ -152,11 +178,17 @@ fn main() -> Result<()> {
             let base = common.config(start);
             let t0 = Instant::now();
             let (mut passed, mut failed) = (0usize, 0usize);
+            let mut wal = [0u64; 3];
             for seed in start..start + seeds {
                 // Each seed in a fresh process, exactly as `replay` runs it: process-wide
                 // state (tokio's task ids) would otherwise differ from the replay's.
                 match replay_in_child(&common, seed)? {
-                    Ok(_) => passed += 1,
+                    Ok(p) => {
+                        passed += 1;
+                        for (sum, n) in wal.iter_mut().zip(p.wal) {
+                            *sum += n;
+                        }
+                    }
                     Err(first_line) => {
                         failed += 1;
                         let mut c = base.clone();
@@ -174,6 +206,11 @@ fn main() -> Result<()> {
                 "{passed} passed, {failed} failed ({} members, {elapsed:.1} s, {:.2} s/seed)",
                 base.members,
                 elapsed / (passed + failed).max(1) as f64
+            );
+            println!(
+                "log writes: {} inline on the Raft core task, {} in {} batches of the \
+                 writer's batch loop (a task under simulation)",
+                wal[0], wal[2], wal[1]
             );
             if failed > 0 {
                 bail!("{failed} seed(s) failed");
@@ -207,14 +244,18 @@ fn main() -> Result<()> {
                 Ok(o) => {
                     println!(
                         "seed {seed} passed: {} ops, {} watch events, {} lock holdings, \
-                         recovered in {:?}, trace hash {:016x}, {:?} simulated in {:.1} s",
+                         recovered in {:?}, trace hash {:016x}, {:?} simulated in {:.1} s, \
+                         wal {} inline, {} in {} loop batches",
                         o.ops,
                         o.watch_events,
                         o.lock_holdings,
                         o.recovery,
                         o.trace_hash,
                         o.sim_time,
-                        t0.elapsed().as_secs_f64()
+                        t0.elapsed().as_secs_f64(),
+                        o.wal.inline_ops,
+                        o.wal.loop_ops,
+                        o.wal.loop_batches
                     );
                     for f in &o.faults {
                         println!("  fault {f}");

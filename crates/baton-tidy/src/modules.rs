@@ -1,7 +1,7 @@
 //! The module graph of one crate target, built from the paths its files mention, and the
 //! cycles in it.
 //!
-//! Granularity: one node per *file* under `src/` (`lib.rs`, `wal.rs`, `cli/kv.rs`), named by
+//! Granularity: one node per *file* under `src/` (`lib.rs`, `wal/record.rs`, `cli/kv.rs`), named by
 //! its path relative to `src/`. Inline modules count as the file they are written in, except
 //! `#[cfg(test)]` ones, which are left out: they are compiled only into the test binary, and a
 //! test reaching into another module's helpers does not tangle the build that ships.

@@ -104,3 +104,15 @@ fn lying_disks_are_caught() {
         "the failure must come from a checker, not the harness: {e}"
     );
 }
+
+/// The simulated disk sits below the real log writer, so a run takes every write path
+/// production takes: lone small writes inline on the Raft core task, and the writer's batch
+/// loop (a task here; the OS thread's loop code) after a slow sync or for a big write.
+#[test]
+fn both_log_write_paths_run_under_simulation() {
+    let config = SimConfig::quick(1);
+    let o = run(&config).unwrap_or_else(|e| panic!("seed 1 failed: {e}"));
+    assert!(o.wal.inline_ops > 0, "no inline log write: {:?}", o.wal);
+    assert!(o.wal.loop_batches > 0, "no batch-loop write: {:?}", o.wal);
+    assert!(o.wal.loop_ops >= o.wal.loop_batches, "{:?}", o.wal);
+}
