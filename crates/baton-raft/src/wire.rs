@@ -25,10 +25,8 @@ pub(crate) const MAX_PEER_MESSAGE_BYTES: usize = 16 << 20;
 // The size chain, checked when this crate compiles: one request fits in a proposal batch
 // (one Raft entry), and one batch, like one snapshot chunk, fits in a peer message, so an
 // AppendEntries can always carry at least one entry (openraft's `PayloadTooLarge` splits
-// between entries, never inside one). The chain's last link, peer message <= WAL record
-// (`MAX_RECORD_BYTES`, private to wal.rs), belongs next to that constant:
-// `const _: () = assert!(crate::wire::MAX_PEER_MESSAGE_BYTES <= MAX_RECORD_BYTES);`
-// left for wal.rs's split to add (this constant is already `pub(crate)`).
+// between entries, never inside one). The chain's last link, peer message <= WAL record,
+// is asserted next to `MAX_RECORD_BYTES` in wal/record.rs.
 const _: () = assert!(baton_core::MAX_REQUEST_BYTES <= crate::proposer::MAX_BATCH_BYTES);
 const _: () = assert!(crate::proposer::MAX_BATCH_BYTES <= MAX_PEER_MESSAGE_BYTES);
 const _: () = assert!(SNAPSHOT_CHUNK_BYTES as usize <= MAX_PEER_MESSAGE_BYTES);

@@ -25,6 +25,9 @@ pub(crate) const RECORD_HEADER_BYTES: usize = 8;
 /// No record is bigger: a length above this is corruption, not data. An entry is at most
 /// `MAX_REQUEST_BYTES` (1.5 MiB) plus overhead, and entries records are split well below this.
 pub(crate) const MAX_RECORD_BYTES: usize = 64 << 20;
+// The size chain's last link (its others are in wire.rs): whatever a peer message carries
+// (an entry, at most one proposal batch) fits in one WAL record.
+const _: () = assert!(crate::wire::MAX_PEER_MESSAGE_BYTES <= MAX_RECORD_BYTES);
 
 /// The log format this binary writes (see the module docs): 1 = generations without a
 /// version record (before versions existed), 2 = a `FormatVersion` record first. Bump it when
