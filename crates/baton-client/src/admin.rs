@@ -221,7 +221,7 @@ impl Client {
     /// let list = client.list_locks(ListLocksOptions::new()).await?;
     /// let deploy = &list.locks[0];
     /// assert_eq!(deploy.name, b"deploy");
-    /// assert_eq!(deploy.holder.as_ref().unwrap().create_revision, guard.fencing_token());
+    /// assert_eq!(deploy.holder.as_ref().unwrap().create_revision, guard.fencing_token().get());
     /// assert_eq!((deploy.waiter_count, list.more), (0, false));
     /// # Ok(()) });
     /// ```

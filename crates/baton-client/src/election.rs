@@ -19,6 +19,7 @@ use crate::lost::LostReason;
 use crate::monitor::Holding;
 use crate::recipe::guarded;
 use crate::session::Session;
+use crate::token::FencingToken;
 use crate::util::{backoff, show, AbortOnDrop};
 
 /// The election `name`: candidates queue as keys `name/<lease hex>` holding their
@@ -41,10 +42,11 @@ use crate::util::{backoff, show, AbortOnDrop};
 ///
 /// let b = Session::new(&client, SessionOptions::new()).await?;
 /// let next = tokio::spawn({ let e = election.clone(); async move { e.campaign(&b, "node-b").await } });
+/// let first = leader.fencing_token();
 /// leader.resign().await?;
 /// let next = next.await.unwrap()?;
 /// assert_eq!(election.leader().await?.unwrap().value, b"node-b");
-/// assert!(next.fencing_token() > 0);
+/// assert!(next.fencing_token() > first);
 /// # Ok(()) });
 /// ```
 #[derive(Debug, Clone)]
@@ -263,8 +265,8 @@ impl Leadership {
     }
     /// The leader key's create revision: larger for every later leader, usable as a
     /// fencing token.
-    pub fn fencing_token(&self) -> i64 {
-        self.leader.rev
+    pub fn fencing_token(&self) -> FencingToken {
+        FencingToken::new(self.leader.rev)
     }
     /// The session leadership is held with.
     pub fn session(&self) -> &Session {

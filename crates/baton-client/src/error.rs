@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::lost::LostReason;
+use crate::token::FencingToken;
 
 /// Everything that can go wrong talking to Baton or etcd.
 ///
@@ -64,9 +65,9 @@ pub enum Error {
     #[error("fencing token {token} rejected{}", highest.map(|h| format!(" (highest seen {h})")).unwrap_or_default())]
     FencingTokenRejected {
         /// The token that was refused.
-        token: i64,
+        token: FencingToken,
         /// The highest token the gate has seen, when known (fence gate only).
-        highest: Option<i64>,
+        highest: Option<FencingToken>,
     },
     /// This session already holds a key in this recipe (a second acquisition by the same
     /// session would share the key and so the permit).

@@ -15,7 +15,7 @@
 //!   clock) and [`Session::lost`], which fires *before* the server could expire the lease;
 //!   plus [`SessionState`] (Alive / Uncertain / Expired).
 //! - Recipes. Whatever is *held* is held with a session (so it ends with it) and comes with
-//!   a fencing token:
+//!   a [`FencingToken`]:
 //!   [`Mutex`] → [`Guard`] (timeouts, cancellation, try-lock, multi-lock, fenced writes,
 //!   atomic release), [`FenceGate`], [`RwLock`] and [`Semaphore`] → [`Permit`],
 //!   [`Election`] → [`Leadership`], [`Barrier`], [`DoubleBarrier`], [`Queue`].
@@ -71,18 +71,20 @@
 //!
 //! `<=`, not `<`: the same holder writes more than once. A refused write means a newer
 //! holder exists: stop, do not retry with the same token; acquire again and start over
-//! from a fresh read. In Rust (here the table is simulated; with `tokio-postgres` the
-//! `update` is `client.execute(SQL, &[&id, &qty, &token]).await?`):
+//! from a fresh read. The column holds the token's number ([`FencingToken::get`]). In Rust
+//! (here the table is simulated; with `tokio-postgres` the `update` is
+//! `client.execute(SQL, &[&id, &qty, &token.get()]).await?`):
 //!
 //! ```
 //! # baton_client::testing::doctest(|endpoint| async move {
-//! use baton_client::{Client, ClientConfig, Mutex, Session, SessionOptions};
+//! use baton_client::{Client, ClientConfig, FencingToken, Mutex, Session, SessionOptions};
 //!
 //! const SQL: &str = "UPDATE stock SET qty = $2, fence = $3 WHERE id = $1 AND fence <= $3";
 //! struct Row { qty: i64, fence: i64 }
 //! // What PostgreSQL does with SQL for one row: the check and the write are one statement.
-//! fn update(row: &mut Row, qty: i64, token: i64) -> u64 {
-//!     if row.fence <= token { row.qty = qty; row.fence = token; 1 } else { 0 }
+//! fn update(row: &mut Row, qty: i64, token: FencingToken) -> u64 {
+//!     let fence = token.get();
+//!     if row.fence <= fence { row.qty = qty; row.fence = fence; 1 } else { 0 }
 //! }
 //!
 //! let client = Client::connect(ClientConfig::new([endpoint])).await?;
@@ -157,6 +159,7 @@ mod recipe;
 mod rwlock;
 mod semaphore;
 mod session;
+mod token;
 mod util;
 mod watch;
 
@@ -190,5 +193,6 @@ pub use queue::Queue;
 pub use rwlock::RwLock;
 pub use semaphore::{Permit, Semaphore};
 pub use session::{Session, SessionOptions, SessionState};
+pub use token::FencingToken;
 pub use util::prefix_end;
 pub use watch::{EventKind, WatchEvent, WatchOptions, WatchStream};

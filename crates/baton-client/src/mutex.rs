@@ -20,6 +20,7 @@ use crate::recipe::{
     create_own_key, delete_if_created, guarded, newest_before, wait_deleted, Cleanup,
 };
 use crate::session::Session;
+use crate::token::FencingToken;
 use crate::util::{backoff, join, lease_hex, show, until};
 
 /// How to acquire: wait at most this long, or not at all; and (Baton only) the lock-delay.
@@ -193,9 +194,9 @@ impl Mutex {
         Ok(held)
     }
 
-    fn guard(&self, name: Vec<u8>, key: Vec<u8>, token: i64, kind: ServerKind) -> Guard {
+    fn guard(&self, name: Vec<u8>, key: Vec<u8>, token: FencingToken, kind: ServerKind) -> Guard {
         Guard {
-            holding: Holding::start(&self.session, key.clone(), token),
+            holding: Holding::start(&self.session, key.clone(), token.get()),
             session: self.session.clone(),
             name,
             key,
@@ -236,7 +237,12 @@ impl Mutex {
             });
             match guarded(&self.session, call).await {
                 Ok(resp) => {
-                    return Ok(self.guard(name, resp.key, resp.fencing_token, ServerKind::Baton))
+                    return Ok(self.guard(
+                        name,
+                        resp.key,
+                        FencingToken::new(resp.fencing_token),
+                        ServerKind::Baton,
+                    ))
                 }
                 Err(e) if e.is_transient() => {
                     attempt += 1;
@@ -294,7 +300,14 @@ impl Mutex {
             .locks
             .into_iter()
             .zip(names)
-            .map(|(l, name)| self.guard(name, l.key, l.fencing_token, ServerKind::Baton))
+            .map(|(l, name)| {
+                self.guard(
+                    name,
+                    l.key,
+                    FencingToken::new(l.fencing_token),
+                    ServerKind::Baton,
+                )
+            })
             .collect())
     }
 
@@ -344,7 +357,7 @@ impl Mutex {
         match until(end, guarded(&self.session, work)).await {
             Ok(Ok((key, rev))) => {
                 cleanup.disarm();
-                Ok(self.guard(name, key, rev, ServerKind::Etcd))
+                Ok(self.guard(name, key, FencingToken::new(rev), ServerKind::Etcd))
             }
             Ok(Err(e)) => {
                 cleanup.run().await;
@@ -405,7 +418,7 @@ fn lock_error(e: Error, timeout: Option<Duration>) -> Error {
 pub struct Guard {
     name: Vec<u8>,
     key: Vec<u8>,
-    token: i64,
+    token: FencingToken,
     kind: ServerKind,
     session: Session,
     holding: Holding,
@@ -431,7 +444,7 @@ impl Guard {
         &self.key
     }
     /// The fencing token (the key's create revision).
-    pub fn fencing_token(&self) -> i64 {
+    pub fn fencing_token(&self) -> FencingToken {
         self.token
     }
     /// The session the lock is held with.
@@ -493,11 +506,11 @@ impl Drop for Guard {
     }
 }
 
-async fn release(client: &Client, kind: ServerKind, key: &[u8], token: i64) -> Result<()> {
+async fn release(client: &Client, kind: ServerKind, key: &[u8], token: FencingToken) -> Result<()> {
     let once = || async {
         match kind {
             ServerKind::Etcd => {
-                if delete_if_created(client, key, token).await? {
+                if delete_if_created(client, key, token.get()).await? {
                     Ok(())
                 } else {
                     Err(Error::NotHolder)
@@ -506,7 +519,7 @@ async fn release(client: &Client, kind: ServerKind, key: &[u8], token: i64) -> R
             _ => {
                 let req = bpb::ReleaseRequest {
                     key: key.to_vec(),
-                    fencing_token: token,
+                    fencing_token: token.get(),
                 };
                 let id = client.next_request_id();
                 let r = client
@@ -546,7 +559,7 @@ async fn fenced_put(
     client: &Client,
     kind: ServerKind,
     lock_key: &[u8],
-    token: i64,
+    token: FencingToken,
     put: baton_proto::etcdserverpb::PutRequest,
 ) -> Result<PutResponse> {
     let rejected = Error::FencingTokenRejected {
@@ -561,8 +574,9 @@ async fn fenced_put(
             let prefix = lock_key[..=slash].to_vec();
             let txn = Txn::new()
                 .when([
-                    Compare::create_revision(lock_key.to_vec(), CompareOp::Equal, token),
-                    Compare::create_revision(prefix, CompareOp::Greater, token - 1).with_prefix(),
+                    Compare::create_revision(lock_key.to_vec(), CompareOp::Equal, token.get()),
+                    Compare::create_revision(prefix, CompareOp::Greater, token.get() - 1)
+                        .with_prefix(),
                 ])
                 .and_then([Op(baton_proto::etcdserverpb::RequestOp {
                     request: Some(baton_proto::etcdserverpb::request_op::Request::RequestPut(
@@ -587,7 +601,7 @@ async fn fenced_put(
         _ => {
             let req = bpb::FencedPutRequest {
                 lock_key: lock_key.to_vec(),
-                fencing_token: token,
+                fencing_token: token.get(),
                 put: Some(put),
             };
             let id = client.next_request_id();
@@ -623,7 +637,7 @@ pub struct FenceCheck {
     /// Whether the token was accepted (it is at least the highest seen, and now is it).
     pub accepted: bool,
     /// The highest token the gate has recorded for the resource after this check.
-    pub highest_token: i64,
+    pub highest_token: FencingToken,
 }
 
 /// Baton's fence gate (`baton.v1.Fence`), for resources that cannot check tokens
@@ -640,15 +654,19 @@ pub struct FenceCheck {
 ///
 /// ```
 /// # baton_client::testing::doctest(|endpoint| async move {
-/// use baton_client::{Client, ClientConfig, Error, FenceGate};
+/// use baton_client::{Client, ClientConfig, Error, FenceGate, FencingToken};
 ///
 /// let client = Client::connect(ClientConfig::new([endpoint])).await?;
 /// let gate = FenceGate::new(&client);
-/// assert!(gate.check("printer-1", 7).await?.accepted);
-/// assert!(gate.check("printer-1", 7).await?.accepted); // the same holder again
-/// let stale = gate.check("printer-1", 5).await?;
-/// assert_eq!((stale.accepted, stale.highest_token), (false, 7));
-/// assert!(matches!(gate.admit("printer-1", 6).await, Err(Error::FencingTokenRejected { .. })));
+/// let token = FencingToken::new;
+/// assert!(gate.check("printer-1", token(7)).await?.accepted);
+/// assert!(gate.check("printer-1", token(7)).await?.accepted); // the same holder again
+/// let stale = gate.check("printer-1", token(5)).await?;
+/// assert_eq!((stale.accepted, stale.highest_token), (false, token(7)));
+/// assert!(matches!(
+///     gate.admit("printer-1", token(6)).await,
+///     Err(Error::FencingTokenRejected { .. })
+/// ));
 /// # Ok(()) });
 /// ```
 #[derive(Debug, Clone)]
@@ -667,13 +685,17 @@ impl FenceGate {
     /// Records `token` for `resource` if it is at least the highest seen; says whether it
     /// was accepted and what the highest now is. Repeating a check is harmless, so it is
     /// retried on failover.
-    pub async fn check(&self, resource: impl Into<Vec<u8>>, token: i64) -> Result<FenceCheck> {
+    pub async fn check(
+        &self,
+        resource: impl Into<Vec<u8>>,
+        token: FencingToken,
+    ) -> Result<FenceCheck> {
         if self.client.server_kind().await? == ServerKind::Etcd {
             return Err(Error::Unsupported("the fence gate (baton.v1.Fence)"));
         }
         let req = bpb::FenceCheckRequest {
             resource: resource.into(),
-            fencing_token: token,
+            fencing_token: token.get(),
         };
         let id = self.client.next_request_id();
         let resp = self
@@ -690,13 +712,13 @@ impl FenceGate {
             .await?;
         Ok(FenceCheck {
             accepted: resp.accepted,
-            highest_token: resp.highest_token,
+            highest_token: FencingToken::new(resp.highest_token),
         })
     }
 
     /// [`FenceGate::check`] as a `Result`: `Ok` if accepted, otherwise
     /// [`Error::FencingTokenRejected`] with the highest token seen.
-    pub async fn admit(&self, resource: impl Into<Vec<u8>>, token: i64) -> Result<()> {
+    pub async fn admit(&self, resource: impl Into<Vec<u8>>, token: FencingToken) -> Result<()> {
         let c = self.check(resource, token).await?;
         if c.accepted {
             Ok(())

@@ -7,6 +7,7 @@ use crate::mutex::LockOptions;
 use crate::recipe::{create_own_key, guarded, newest_before, wait_deleted, Cleanup};
 use crate::semaphore::Permit;
 use crate::session::Session;
+use crate::token::FencingToken;
 use crate::util::{join, lease_hex, show, until};
 
 /// A readers-writer lock named `name`: many readers or one writer.
@@ -117,7 +118,7 @@ impl RwLock {
         match until(end, guarded(&self.session, work)).await {
             Ok(Ok(rev)) => {
                 cleanup.disarm();
-                Ok(Permit::new(&self.session, key, rev))
+                Ok(Permit::new(&self.session, key, FencingToken::new(rev)))
             }
             Ok(Err(e)) => {
                 if !matches!(e, Error::AlreadyHeld { .. }) {

@@ -12,6 +12,7 @@ use crate::monitor::Holding;
 use crate::mutex::LockOptions;
 use crate::recipe::{create_own_key, delete_if_created, guarded, wait_event, Cleanup};
 use crate::session::Session;
+use crate::token::FencingToken;
 use crate::util::{join, lease_hex, show, until};
 use crate::watch::EventKind;
 
@@ -124,7 +125,7 @@ impl Semaphore {
         match until(end, guarded(&self.session, work)).await {
             Ok(Ok(rev)) => {
                 cleanup.disarm();
-                Ok(Permit::new(&self.session, key, rev))
+                Ok(Permit::new(&self.session, key, FencingToken::new(rev)))
             }
             Ok(Err(e)) => {
                 if !matches!(e, Error::AlreadyHeld { .. }) {
@@ -147,7 +148,7 @@ impl Semaphore {
 /// Dropping it without [`Permit::release`] releases it in the background (best effort).
 pub struct Permit {
     key: Vec<u8>,
-    token: i64,
+    token: FencingToken,
     session: Session,
     holding: Holding,
     released: bool,
@@ -163,9 +164,9 @@ impl std::fmt::Debug for Permit {
 }
 
 impl Permit {
-    pub(crate) fn new(session: &Session, key: Vec<u8>, token: i64) -> Permit {
+    pub(crate) fn new(session: &Session, key: Vec<u8>, token: FencingToken) -> Permit {
         Permit {
-            holding: Holding::start(session, key.clone(), token),
+            holding: Holding::start(session, key.clone(), token.get()),
             session: session.clone(),
             key,
             token,
@@ -177,7 +178,7 @@ impl Permit {
         &self.key
     }
     /// This holder's fencing token (its key's create revision).
-    pub fn fencing_token(&self) -> i64 {
+    pub fn fencing_token(&self) -> FencingToken {
         self.token
     }
     /// Completes when the permit is lost, with the reason. Does not borrow the permit.
@@ -192,7 +193,7 @@ impl Permit {
     /// [`Error::NotHolder`] if it was already gone.
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
-        if delete_if_created(self.session.client(), &self.key, self.token).await? {
+        if delete_if_created(self.session.client(), &self.key, self.token.get()).await? {
             Ok(())
         } else {
             Err(Error::NotHolder)
@@ -209,7 +210,7 @@ impl Drop for Permit {
         let (key, token) = (self.key.clone(), self.token);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                let _ = delete_if_created(&client, &key, token).await;
+                let _ = delete_if_created(&client, &key, token.get()).await;
             });
         }
     }

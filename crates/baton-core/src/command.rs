@@ -5,7 +5,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::{CommandIndex, Event, KeyRange, KeyValue, LeaseId, Revision, Term};
+use crate::types::{
+    CommandIndex, Event, FencingToken, KeyRange, KeyValue, LeaseId, Revision, Term,
+};
 
 /// etcd's default `--max-txn-ops`.
 pub const MAX_TXN_OPS: usize = 128;
@@ -85,18 +87,18 @@ pub enum Command {
         delay_ms: Option<u64>,
     },
     /// Operator action: deletes the holder (the queue's head) of lock `name` and records
-    /// `reason` in the lock's force-release history. `token != 0` releases only a holder
-    /// whose key has that create revision.
+    /// `reason` in the lock's force-release history. A `token` other than
+    /// `FencingToken::NONE` releases only the holder with that token.
     LockForceRelease {
         name: Vec<u8>,
-        token: i64,
+        token: FencingToken,
         reason: String,
     },
     /// The fence gate: accepts `token` iff it is at least the highest token recorded for
     /// `resource`, and then records it. Changes no key (and so no revision).
     FenceCheck {
         resource: Vec<u8>,
-        token: i64,
+        token: FencingToken,
     },
     /// Opens a de-duplication session; its id is this entry's log index (unique, and the same
     /// on every replica). Sessions idle longer than `timeout_ms` (entry time) are forgotten.
@@ -466,7 +468,7 @@ pub enum Response {
     /// `highest` is the highest token recorded for the resource after the check.
     FenceCheck {
         accepted: bool,
-        highest: i64,
+        highest: FencingToken,
     },
     ClientRegistered {
         client_id: u64,

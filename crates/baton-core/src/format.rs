@@ -21,7 +21,9 @@
 //!   change gets a new, versioned form (as the snapshot body did: `SNAPSHOT_FORMAT` with
 //!   `SnapshotBodyV1`..`V3` still read), or a new enum variant carries the new shape;
 //! - the type of a field or a variant's payload does not change either (an `i64` is not a
-//!   `u64`, a `Vec` is not an `Option`), since that too changes the bytes.
+//!   `u64`, a `Vec` is not an `Option`), since that too changes the bytes. Wrapping a field's
+//!   type in a newtype struct (`FencingToken(i64)` for an `i64`) is not a change: bincode
+//!   encodes a newtype struct as what it wraps.
 //!
 //! # How it is enforced
 //! Golden bytes: one encoded value of every variant of `Command`, `Response`, `KvError`,

@@ -33,7 +33,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::{KeyRange, KeyValue, LeaseId};
+use crate::types::{FencingToken, KeyRange, KeyValue, LeaseId};
 
 /// Locks the registry holds at most.
 pub const MAX_LOCKS: usize = 100_000;
@@ -111,7 +111,7 @@ pub struct ForceReleaseRecord {
     /// The released holder's key.
     pub key: Vec<u8>,
     /// Its fencing token (create revision).
-    pub token: i64,
+    pub token: FencingToken,
     pub reason: String,
     /// Leader time (`Entry::time_ms`) of the release.
     pub at_ms: u64,
@@ -400,7 +400,7 @@ impl LockTable {
 /// The fence table: the highest token seen per resource.
 #[derive(Debug, Clone)]
 pub(crate) struct FenceTable {
-    highest: BTreeMap<Vec<u8>, i64>,
+    highest: BTreeMap<Vec<u8>, FencingToken>,
     capacity: usize,
 }
 
@@ -418,11 +418,11 @@ pub(crate) enum FenceDecision {
     /// Accept and record `token` (it is the new highest).
     Accept,
     /// Reject: `highest` stays.
-    Reject { highest: i64 },
+    Reject { highest: FencingToken },
 }
 
 impl FenceTable {
-    pub(crate) fn from_map(highest: BTreeMap<Vec<u8>, i64>) -> Self {
+    pub(crate) fn from_map(highest: BTreeMap<Vec<u8>, FencingToken>) -> Self {
         FenceTable {
             highest,
             capacity: MAX_FENCE_RESOURCES,
@@ -434,16 +434,16 @@ impl FenceTable {
         self.capacity = capacity;
     }
 
-    pub(crate) fn map(&self) -> &BTreeMap<Vec<u8>, i64> {
+    pub(crate) fn map(&self) -> &BTreeMap<Vec<u8>, FencingToken> {
         &self.highest
     }
 
-    pub(crate) fn get(&self, resource: &[u8]) -> Option<i64> {
+    pub(crate) fn get(&self, resource: &[u8]) -> Option<FencingToken> {
         self.highest.get(resource).copied()
     }
 
     /// Decides without changing anything (so a refused check leaves no trace).
-    pub(crate) fn decide(&self, resource: &[u8], token: i64) -> Result<FenceDecision, ()> {
+    pub(crate) fn decide(&self, resource: &[u8], token: FencingToken) -> Result<FenceDecision, ()> {
         match self.highest.get(resource) {
             Some(&h) if token < h => Ok(FenceDecision::Reject { highest: h }),
             Some(_) => Ok(FenceDecision::Accept),
@@ -453,7 +453,7 @@ impl FenceTable {
     }
 
     /// Records `token` as `resource`'s highest, after `decide` accepted it.
-    pub(crate) fn record(&mut self, resource: &[u8], token: i64) {
+    pub(crate) fn record(&mut self, resource: &[u8], token: FencingToken) {
         match self.highest.get_mut(resource) {
             Some(highest) => {
                 // The pair: the recorded token never goes below the one before it, or a
@@ -482,7 +482,7 @@ impl FenceTable {
         if self.highest.len() > self.capacity {
             return Err("fence table over capacity".into());
         }
-        if self.highest.iter().any(|(r, &t)| r.is_empty() || t <= 0) {
+        if self.highest.iter().any(|(r, &t)| r.is_empty() || t.0 <= 0) {
             return Err("malformed fence table entry".into());
         }
         Ok(())
@@ -520,7 +520,7 @@ mod tests {
         for i in 0..(MAX_FORCE_RELEASE_RECORDS as u64 + 5) {
             r.push_force_release(ForceReleaseRecord {
                 key: b"k".to_vec(),
-                token: i as i64 + 2,
+                token: FencingToken(i as i64 + 2),
                 reason: "r".into(),
                 at_ms: i,
             });
@@ -535,21 +535,24 @@ mod tests {
     fn fence_decisions() {
         let mut f = FenceTable::default();
         f.set_capacity(1);
-        assert!(matches!(f.decide(b"r", 5), Ok(FenceDecision::Accept)));
-        f.record(b"r", 5);
+        let t = FencingToken;
+        assert!(matches!(f.decide(b"r", t(5)), Ok(FenceDecision::Accept)));
+        f.record(b"r", t(5));
         assert!(matches!(
-            f.decide(b"r", 4),
-            Ok(FenceDecision::Reject { highest: 5 })
+            f.decide(b"r", t(4)),
+            Ok(FenceDecision::Reject {
+                highest: FencingToken(5)
+            })
         ));
-        assert!(matches!(f.decide(b"r", 5), Ok(FenceDecision::Accept)));
-        assert!(f.decide(b"other", 9).is_err(), "full");
+        assert!(matches!(f.decide(b"r", t(5)), Ok(FenceDecision::Accept)));
+        assert!(f.decide(b"other", t(9)).is_err(), "full");
     }
 
     #[test]
     #[should_panic(expected = "recorded below the highest")]
     fn a_fence_never_records_a_lower_token() {
         let mut f = FenceTable::default();
-        f.record(b"r", 5);
-        f.record(b"r", 4);
+        f.record(b"r", FencingToken(5));
+        f.record(b"r", FencingToken(4));
     }
 }

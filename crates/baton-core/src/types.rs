@@ -1,7 +1,8 @@
 //! Newtypes and plain data shared by the whole state machine.
 //!
-//! Revisions, lease ids and log positions are distinct types so that a lease id can never be
-//! passed where a revision is expected; the wire layer converts to and from etcd's `int64`s.
+//! Revisions, lease ids, command positions and fencing tokens are distinct types so that a
+//! lease id can never be passed where a revision is expected; the wire layer converts to and
+//! from etcd's `int64`s.
 
 use serde::{Deserialize, Serialize};
 
@@ -28,6 +29,45 @@ impl LeaseId {
     /// True for `LeaseId::NONE`.
     pub fn is_none(self) -> bool {
         self.0 == 0
+    }
+}
+
+/// A lock holder's fencing token: the create revision of its waiter key, so tokens of
+/// successive holders strictly increase. A resource outside Baton that keeps the highest token
+/// it has seen refuses a holder whose token is lower (see `Command::FenceCheck`).
+///
+/// Persisted: see [`crate::format`] (fields never reorder). Encoded exactly as the `i64` it
+/// wraps, so introducing the type changed no persisted or peer byte.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+pub struct FencingToken(pub i64);
+
+impl FencingToken {
+    /// "No particular holder": never a real token (revision 1 is the empty store, so every key
+    /// has a create revision of at least 2). `LockForceRelease` with it releases whoever holds.
+    pub const NONE: FencingToken = FencingToken(0);
+
+    /// The token of the holder whose key was created at `revision`.
+    pub fn of_create_revision(revision: Revision) -> FencingToken {
+        FencingToken(revision.0)
+    }
+
+    /// The create revision of the holder key this token names (the inverse of
+    /// [`FencingToken::of_create_revision`]), for the compares that check it.
+    pub fn create_revision(self) -> Revision {
+        Revision(self.0)
+    }
+
+    /// True for `FencingToken::NONE`.
+    pub fn is_none(self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl std::fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
     }
 }
 

@@ -63,7 +63,7 @@ pub(crate) fn validate(cmd: &Command) -> Result<(), KvError> {
             if reason.len() > MAX_REASON_BYTES {
                 return Err(KvError::ReasonTooLong);
             }
-            if *token < 0 {
+            if token.0 < 0 {
                 return Err(KvError::InvalidFencingToken);
             }
             Ok(())
@@ -72,7 +72,7 @@ pub(crate) fn validate(cmd: &Command) -> Result<(), KvError> {
             if resource.is_empty() {
                 return Err(KvError::EmptyFenceResource);
             }
-            if *token <= 0 {
+            if token.0 <= 0 {
                 return Err(KvError::InvalidFencingToken);
             }
             Ok(())

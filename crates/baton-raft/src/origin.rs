@@ -167,12 +167,12 @@ mod tests {
             },
             Command::LockForceRelease {
                 name: b"l".to_vec(),
-                token: 0,
+                token: baton_core::FencingToken::NONE,
                 reason: "stuck".into(),
             },
             Command::FenceCheck {
                 resource: b"r".to_vec(),
-                token: 1,
+                token: baton_core::FencingToken(1),
             },
             Command::RegisterClient { timeout_ms: 1000 },
             Command::UnregisterClient { client_id: 1 },
@@ -290,7 +290,7 @@ mod tests {
         assert_eq!(
             origin(&wrap(wrap(Command::FenceCheck {
                 resource: b"r".to_vec(),
-                token: 1
+                token: baton_core::FencingToken(1)
             }))),
             Origin::Client
         );

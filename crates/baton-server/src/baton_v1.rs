@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use baton_core::{Command, KeyValue, KvError, LeaseId, Response};
+use baton_core::{Command, FencingToken, KeyValue, KvError, LeaseId, Response};
 use baton_proto::baton::v1 as pb;
 use tonic::{Request, Status};
 
@@ -73,7 +73,7 @@ impl LockService {
             .header_at(held.revision, held.raft_term);
         pb::AcquireResponse {
             header: Some(header),
-            fencing_token: held.token(),
+            fencing_token: held.token().0,
             lease: held.kv.lease.0,
             key: held.kv.key,
         }
@@ -108,7 +108,11 @@ struct ReleaseOnDrop {
 impl ReleaseOnDrop {
     async fn release_all(&mut self) {
         for h in std::mem::take(&mut self.held) {
-            if let Err(e) = self.engine.delete_if(&h.kv.key, h.token()).await {
+            if let Err(e) = self
+                .engine
+                .delete_if(&h.kv.key, h.kv.create_revision.0)
+                .await
+            {
                 tracing::warn!(error = %e.message(), "releasing after a failed AcquireMany");
             }
         }
@@ -204,7 +208,10 @@ impl pb::lock_server::Lock for LockService {
         request: Request<pb::ReleaseRequest>,
     ) -> Result<tonic::Response<pb::ReleaseResponse>, Status> {
         let r = request.into_inner();
-        let (revision, term) = self.engine.release(&r.key, r.fencing_token).await?;
+        let (revision, term) = self
+            .engine
+            .release(&r.key, FencingToken(r.fencing_token))
+            .await?;
         Ok(tonic::Response::new(pb::ReleaseResponse {
             header: Some(self.engine.shared().header_at(revision, term)),
         }))
@@ -254,7 +261,7 @@ impl pb::lock_server::Lock for LockService {
                 .into_iter()
                 .map(|f| pb::ForceReleaseRecord {
                     key: f.key,
-                    fencing_token: f.token,
+                    fencing_token: f.token.0,
                     reason: f.reason,
                     at_ms: f.at_ms,
                 })
@@ -328,7 +335,7 @@ impl pb::lock_server::Lock for LockService {
         let r = request.into_inner();
         let command = Command::LockForceRelease {
             name: r.name,
-            token: r.fencing_token,
+            token: FencingToken(r.fencing_token),
             reason: r.reason,
         };
         baton_core::StateMachine::validate(&command).map_err(|e| kv_status(&e))?;
@@ -364,7 +371,7 @@ impl pb::lock_server::Lock for LockService {
         let put = convert::put_from_pb(put)?;
         let (resp, revision, term) = self
             .engine
-            .fenced_put(&r.lock_key, r.fencing_token, put)
+            .fenced_put(&r.lock_key, FencingToken(r.fencing_token), put)
             .await?;
         let header = self.engine.shared().header_at(revision, term);
         Ok(tonic::Response::new(pb::FencedPutResponse {
@@ -384,7 +391,7 @@ impl pb::fence_server::Fence for FenceService {
         check_size(&r)?;
         let command = Command::FenceCheck {
             resource: r.resource,
-            token: r.fencing_token,
+            token: FencingToken(r.fencing_token),
         };
         baton_core::StateMachine::validate(&command).map_err(|e| kv_status(&e))?;
         let shared = self.engine.shared();
@@ -397,7 +404,7 @@ impl pb::fence_server::Fence for FenceService {
                 Ok(tonic::Response::new(pb::FenceCheckResponse {
                     header: Some(shared.header_at(p.applied.revision.0, p.raft_term)),
                     accepted,
-                    highest_token: highest,
+                    highest_token: highest.0,
                 }))
             }
             Response::Error(e) => Err(kv_status(&e)),

@@ -200,7 +200,7 @@ impl pb::election_server::Election for ElectionService {
             header: Some(shared.header_at(held.revision, held.raft_term)),
             leader: Some(pb::LeaderKey {
                 name: req.name,
-                rev: held.token(),
+                rev: held.kv.create_revision.0,
                 lease: held.kv.lease.0,
                 key: held.kv.key,
             }),

@@ -5,7 +5,7 @@
 
 use std::borrow::Cow;
 
-use baton_core::KvError;
+use baton_core::{FencingToken, KvError};
 use baton_raft::{MemberError, ProposeError, TransferError};
 use tonic::{Code, Status};
 
@@ -131,7 +131,10 @@ pub fn kv_message(err: &KvError) -> Cow<'static, str> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LockError {
     /// `try_only` and another key heads the queue.
-    Held { holder_key: Vec<u8>, token: i64 },
+    Held {
+        holder_key: Vec<u8>,
+        token: FencingToken,
+    },
     /// `try_only` and the lock is in lock-delay after an expired holder.
     Delayed { until_ms: u64 },
     /// The waiter's own key disappeared while it waited (lease expired, revoked, deleted or

@@ -37,9 +37,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton_core::{
-    Command, Compare, CompareResult, CompareTarget, DeleteRangeRequest, KeyRange, KeyValue,
-    LeaseId, PutRequest, RangeRequest, RequestOp, Response, Revision, StateMachine, TxnRequest,
-    TxnResponse,
+    Command, Compare, CompareResult, CompareTarget, DeleteRangeRequest, FencingToken, KeyRange,
+    KeyValue, LeaseId, PutRequest, RangeRequest, RequestOp, Response, Revision, StateMachine,
+    TxnRequest, TxnResponse,
 };
 use tokio::sync::oneshot;
 use tonic::Status;
@@ -112,8 +112,8 @@ pub struct Held {
 }
 
 impl Held {
-    pub fn token(&self) -> i64 {
-        self.kv.create_revision.0
+    pub fn token(&self) -> FencingToken {
+        FencingToken::of_create_revision(self.kv.create_revision)
     }
 }
 
@@ -245,14 +245,14 @@ impl LockEngine {
 
     /// Releases `key` only if it still exists with create revision `token` (one txn, so the
     /// check and the delete are atomic). Returns the header revision and term.
-    pub async fn release(&self, key: &[u8], token: i64) -> Result<(i64, u64), Status> {
+    pub async fn release(&self, key: &[u8], token: FencingToken) -> Result<(i64, u64), Status> {
         if key.is_empty() {
             return Err(kv_status(&baton_core::KvError::EmptyKey));
         }
-        if token <= 0 {
+        if token.0 <= 0 {
             return Err(kv_status(&baton_core::KvError::InvalidFencingToken));
         }
-        let (resp, revision, term) = self.inner.delete_if(key, token).await?;
+        let (resp, revision, term) = self.inner.delete_if(key, token.create_revision().0).await?;
         if !resp.succeeded {
             return Err(kv_status(&baton_core::KvError::NotHolder));
         }
@@ -266,7 +266,7 @@ impl LockEngine {
     pub async fn fenced_put(
         &self,
         lock_key: &[u8],
-        token: i64,
+        token: FencingToken,
         put: PutRequest,
     ) -> Result<(baton_core::PutResponse, i64, u64), Status> {
         let Some(name) = baton_core::lock_name_of(lock_key) else {
@@ -274,16 +274,17 @@ impl LockEngine {
                 "baton: lock_key is not a lock key (<name>/<lease hex>)",
             ));
         };
-        if token <= 0 {
+        if token.0 <= 0 {
             return Err(kv_status(&baton_core::KvError::InvalidFencingToken));
         }
+        let created = token.create_revision().0;
         let head = Compare {
             range: baton_core::lock_prefix(name),
             result: CompareResult::Greater,
-            target: CompareTarget::Create(token - 1),
+            target: CompareTarget::Create(created - 1),
         };
         let txn = TxnRequest {
-            compare: vec![created_at(lock_key, token), head],
+            compare: vec![created_at(lock_key, created), head],
             success: vec![RequestOp::Put(put)],
             failure: Vec::new(),
         };
@@ -495,7 +496,7 @@ impl Engine {
                 Turn::Wait { holder, .. } if spec.try_only => {
                     return Err(lock_status(&LockError::Held {
                         holder_key: holder.key,
-                        token: holder.create_revision.0,
+                        token: FencingToken::of_create_revision(holder.create_revision),
                     }))
                 }
                 Turn::Wait { .. } => {

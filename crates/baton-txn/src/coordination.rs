@@ -11,7 +11,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use baton_client::proto::etcdserverpb::response_op::Response;
 use baton_client::{
-    Client, Compare, CompareOp, GetOptions, KeyValue, Leadership, Op, PutOptions, Txn, TxnResponse,
+    Client, Compare, CompareOp, FencingToken, GetOptions, KeyValue, Leadership, Op, PutOptions,
+    Txn, TxnResponse,
 };
 use serde::de::DeserializeOwned;
 
@@ -23,7 +24,7 @@ use serde::de::DeserializeOwned;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaderFence {
     key: Vec<u8>,
-    token: i64,
+    token: FencingToken,
 }
 
 impl LeaderFence {
@@ -35,8 +36,9 @@ impl LeaderFence {
         }
     }
 
-    /// A fence from its parts: the leader key and its create revision.
-    pub fn new(key: impl Into<Vec<u8>>, token: i64) -> LeaderFence {
+    /// A fence from its parts: the leader key and its fencing token (the key's create
+    /// revision).
+    pub fn new(key: impl Into<Vec<u8>>, token: FencingToken) -> LeaderFence {
         LeaderFence {
             key: key.into(),
             token,
@@ -44,13 +46,13 @@ impl LeaderFence {
     }
 
     /// The fencing token.
-    pub fn token(&self) -> i64 {
+    pub fn token(&self) -> FencingToken {
         self.token
     }
 
     /// The comparison that holds only while this leadership lasts.
     pub(crate) fn compare(&self) -> Compare {
-        Compare::create_revision(self.key.clone(), CompareOp::Equal, self.token)
+        Compare::create_revision(self.key.clone(), CompareOp::Equal, self.token.get())
     }
 
     /// Whether the leadership still holds (a read; a write must use [`Self::compare`] in its
@@ -58,7 +60,7 @@ impl LeaderFence {
     #[cfg_attr(not(feature = "twopc"), allow(dead_code))]
     pub(crate) async fn holds(&self, client: &Client) -> Result<bool, LogError> {
         let r = client.get(self.key.clone(), GetOptions::new()).await?;
-        Ok(r.kvs.first().map(|kv| kv.create_revision) == Some(self.token))
+        Ok(r.kvs.first().map(|kv| kv.create_revision) == Some(self.token.get()))
     }
 }
 
@@ -74,7 +76,7 @@ pub enum LogError {
     #[error("fenced off: the leadership with token {token} is gone")]
     Fenced {
         /// The stale token.
-        token: i64,
+        token: FencingToken,
     },
     /// A record could not be decoded (written by an incompatible version, or not by us).
     #[error("record {key} is not readable: {reason}")]
@@ -90,6 +92,16 @@ pub enum LogError {
     /// A record kept changing under a compare-and-set loop (many writers at once).
     #[error("record {0} kept changing; try again")]
     Contended(String),
+}
+
+impl LogError {
+    /// The error of a write refused by its fence. Without a fence (a write that carries none
+    /// is not refused for it; this only keeps the message total) the token shown is 0.
+    pub(crate) fn fenced_off(fence: Option<&LeaderFence>) -> LogError {
+        LogError::Fenced {
+            token: fence.map_or(FencingToken::new(0), LeaderFence::token),
+        }
+    }
 }
 
 /// Milliseconds since the Unix epoch on this machine's clock. Used for deadlines and for

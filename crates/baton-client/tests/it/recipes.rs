@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use crate::common::{max_overlap, session, unique, Target};
 use baton_client::{
-    Barrier, DoubleBarrier, Election, Error, GetOptions, LockOptions, Mutex, PutOptions, Queue,
-    RwLock, Semaphore,
+    Barrier, DoubleBarrier, Election, Error, FencingToken, GetOptions, LockOptions, Mutex,
+    PutOptions, Queue, RwLock, Semaphore,
 };
 use futures::StreamExt;
 
@@ -320,13 +320,19 @@ async fn lock_delay_and_fence_gate(t: Target) {
     let resource = unique("printer");
     if t.baton_v1() {
         r.unwrap().release().await.unwrap();
-        assert!(gate.check(resource.as_str(), 5).await.unwrap().accepted);
-        let c = gate.check(resource.as_str(), 4).await.unwrap();
-        assert_eq!((c.accepted, c.highest_token), (false, 5));
+        let token = FencingToken::new;
+        assert!(
+            gate.check(resource.as_str(), token(5))
+                .await
+                .unwrap()
+                .accepted
+        );
+        let c = gate.check(resource.as_str(), token(4)).await.unwrap();
+        assert_eq!((c.accepted, c.highest_token), (false, token(5)));
     } else {
         assert!(matches!(r, Err(Error::Unsupported(_))), "{r:?}");
         assert!(matches!(
-            gate.check(resource.as_str(), 5).await,
+            gate.check(resource.as_str(), FencingToken::new(5)).await,
             Err(Error::Unsupported(_))
         ));
     }

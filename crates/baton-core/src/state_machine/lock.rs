@@ -15,7 +15,7 @@ use crate::locks::{
     LockSummary, Queue,
 };
 use crate::mvcc::key_value;
-use crate::types::{Event, EventKind, KeyValue, LeaseId, Revision};
+use crate::types::{Event, EventKind, FencingToken, KeyValue, LeaseId, Revision};
 
 use super::store::{StateMachine, Writes};
 
@@ -63,12 +63,17 @@ impl StateMachine {
     pub(super) fn apply_lock_force_release(
         &mut self,
         name: &[u8],
-        token: i64,
+        token: FencingToken,
         reason: &str,
         w: &mut Writes,
     ) -> Result<Response, KvError> {
         let head = self.lock_head(name);
-        if token != 0 && head.as_ref().map(|h| h.create_revision.0) != Some(token) {
+        if !token.is_none()
+            && head
+                .as_ref()
+                .map(|h| FencingToken::of_create_revision(h.create_revision))
+                != Some(token)
+        {
             return Err(KvError::NotHolder);
         }
         let Some(head) = head else {
@@ -81,7 +86,7 @@ impl StateMachine {
             .expect("just registered")
             .push_force_release(ForceReleaseRecord {
                 key: head.key.clone(),
-                token: head.create_revision.0,
+                token: FencingToken::of_create_revision(head.create_revision),
                 reason: reason.to_owned(),
                 at_ms,
             });
@@ -94,7 +99,7 @@ impl StateMachine {
     pub(super) fn apply_fence_check(
         &mut self,
         resource: &[u8],
-        token: i64,
+        token: FencingToken,
     ) -> Result<Response, KvError> {
         match self.fences.decide(resource, token) {
             Err(()) => Err(KvError::FenceTableFull),
@@ -316,7 +321,7 @@ impl StateMachine {
     }
 
     /// The highest fencing token recorded for `resource` by `FenceCheck`.
-    pub fn fence_highest(&self, resource: &[u8]) -> Option<i64> {
+    pub fn fence_highest(&self, resource: &[u8]) -> Option<FencingToken> {
         self.fences.get(resource)
     }
 }
@@ -372,7 +377,7 @@ mod tests {
             10,
             Command::LockForceRelease {
                 name: "a".into(),
-                token: 0,
+                token: FencingToken::NONE,
                 reason: "test".into(),
             },
         );
@@ -478,7 +483,7 @@ mod tests {
         sm.fences.set_capacity(1);
         let fence = |r: &str, token: i64| Command::FenceCheck {
             resource: r.into(),
-            token,
+            token: FencingToken(token),
         };
         sm.apply(&entry(1, fence("r", 5)));
         assert_eq!(
@@ -489,7 +494,7 @@ mod tests {
             sm.apply(&entry(3, fence("r", 7))).response,
             Response::FenceCheck {
                 accepted: true,
-                highest: 7
+                highest: FencingToken(7)
             }
         );
         assert_eq!(sm.fence_highest(b"s"), None);

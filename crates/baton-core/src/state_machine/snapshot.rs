@@ -17,7 +17,7 @@ use crate::command::AlarmType;
 use crate::crc32::crc32;
 use crate::locks::{FenceTable, LockRecord, LockTable, MAX_FENCE_RESOURCES, MAX_LOCKS};
 use crate::mvcc::{ChangeMap, Changed, Key, KeyMap, KeyStore, Version};
-use crate::types::{CommandIndex, LeaseId, Term};
+use crate::types::{CommandIndex, FencingToken, LeaseId, Term};
 
 use super::store::{LeaseRecord, StateMachine};
 
@@ -50,7 +50,7 @@ struct SnapshotBodyRef<'a> {
     changes: &'a ChangeMap,
     leases: &'a BTreeMap<LeaseId, LeaseRecord>,
     locks: &'a BTreeMap<Vec<u8>, LockRecord>,
-    fences: &'a BTreeMap<Vec<u8>, i64>,
+    fences: &'a BTreeMap<Vec<u8>, FencingToken>,
     clients: &'a BTreeMap<u64, ClientSession>,
     alarms: &'a BTreeSet<(u64, AlarmType)>,
 }
@@ -69,7 +69,7 @@ struct SnapshotBody {
     changes: BTreeMap<i64, Changed>,
     leases: BTreeMap<LeaseId, LeaseRecord>,
     locks: BTreeMap<Vec<u8>, LockRecord>,
-    fences: BTreeMap<Vec<u8>, i64>,
+    fences: BTreeMap<Vec<u8>, FencingToken>,
     clients: BTreeMap<u64, ClientSession>,
     alarms: BTreeSet<(u64, AlarmType)>,
 }
@@ -87,7 +87,7 @@ struct SnapshotBodyV3 {
     changes: BTreeMap<i64, Changed>,
     leases: BTreeMap<LeaseId, LeaseRecord>,
     locks: BTreeMap<Vec<u8>, LockRecord>,
-    fences: BTreeMap<Vec<u8>, i64>,
+    fences: BTreeMap<Vec<u8>, FencingToken>,
     clients: BTreeMap<u64, ClientSession>,
 }
 
@@ -122,7 +122,7 @@ struct SnapshotBodyV2 {
     changes: BTreeMap<i64, Changed>,
     leases: BTreeMap<LeaseId, LeaseRecord>,
     locks: BTreeMap<Vec<u8>, LockRecord>,
-    fences: BTreeMap<Vec<u8>, i64>,
+    fences: BTreeMap<Vec<u8>, FencingToken>,
 }
 
 impl From<SnapshotBodyV2> for SnapshotBody {
@@ -325,7 +325,7 @@ mod tests {
             changes: BTreeMap<i64, Vec<Vec<u8>>>,
             leases: &'a BTreeMap<LeaseId, LeaseRecord>,
             locks: &'a BTreeMap<Vec<u8>, LockRecord>,
-            fences: &'a BTreeMap<Vec<u8>, i64>,
+            fences: &'a BTreeMap<Vec<u8>, FencingToken>,
             clients: &'a BTreeMap<u64, ClientSession>,
         }
         let mut sm = StateMachine::new();

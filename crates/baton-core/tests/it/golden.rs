@@ -279,12 +279,12 @@ fn commands() -> Vec<Command> {
         },
         Command::LockForceRelease {
             name: b"locks/a".to_vec(),
-            token: 10,
+            token: FencingToken(10),
             reason: "stuck".into(),
         },
         Command::FenceCheck {
             resource: b"db".to_vec(),
-            token: 11,
+            token: FencingToken(11),
         },
         Command::RegisterClient { timeout_ms: 12_000 },
         Command::UnregisterClient { client_id: 13 },
@@ -350,7 +350,7 @@ fn responses() -> Vec<Response> {
         },
         Response::FenceCheck {
             accepted: false,
-            highest: 37,
+            highest: FencingToken(37),
         },
         Response::ClientRegistered {
             client_id: 38,
@@ -638,7 +638,7 @@ fn small_state() -> StateMachine {
         &mut sm,
         Command::LockForceRelease {
             name: b"locks/l".to_vec(),
-            token: 0,
+            token: FencingToken::NONE,
             reason: "operator".into(),
         },
     );
@@ -646,7 +646,7 @@ fn small_state() -> StateMachine {
         &mut sm,
         Command::FenceCheck {
             resource: b"db".to_vec(),
-            token: 7,
+            token: FencingToken(7),
         },
     );
     let registered = apply(&mut sm, Command::RegisterClient { timeout_ms: 60_000 });

@@ -86,7 +86,7 @@ struct Model {
     leases: BTreeMap<i64, ModelLease>,
     compact: i64,
     locks: BTreeMap<Vec<u8>, ModelLock>,
-    fences: BTreeMap<Vec<u8>, i64>,
+    fences: BTreeMap<Vec<u8>, FencingToken>,
     /// De-duplication sessions by id.
     sessions: BTreeMap<u64, ModelSession>,
     /// Coverage counters: registry entries collected, lock-delays started.
@@ -663,11 +663,13 @@ impl Model {
                 if reason.len() > MAX_REASON_BYTES {
                     return Err(KvError::ReasonTooLong);
                 }
-                if *token < 0 {
+                if token.0 < 0 {
                     return Err(KvError::InvalidFencingToken);
                 }
                 let head = model_queue(&w.cur, name).into_iter().next();
-                if *token != 0 && head.as_ref().map(|h| h.create_revision.0) != Some(*token) {
+                if !token.is_none()
+                    && head.as_ref().map(|h| FencingToken(h.create_revision.0)) != Some(*token)
+                {
                     return Err(KvError::NotHolder);
                 }
                 let Some(head) = head else {
@@ -679,7 +681,7 @@ impl Model {
                 }
                 l.releases.push(ForceReleaseRecord {
                     key: head.key.clone(),
-                    token: head.create_revision.0,
+                    token: FencingToken(head.create_revision.0),
                     reason: reason.clone(),
                     at_ms: now_ms,
                 });
@@ -698,7 +700,7 @@ impl Model {
                 if resource.is_empty() {
                     return Err(KvError::EmptyFenceResource);
                 }
-                if *token <= 0 {
+                if token.0 <= 0 {
                     return Err(KvError::InvalidFencingToken);
                 }
                 match fences.get(resource) {
@@ -1118,11 +1120,11 @@ impl Gen {
             },
             110..=113 => Command::LockForceRelease {
                 name: self.lock_name(),
-                token: match self.rng.gen_range(0..10) {
+                token: FencingToken(match self.rng.gen_range(0..10) {
                     0..=4 => 0,
                     5 => -1,
                     _ => self.rng.gen_range(1..=current),
-                },
+                }),
                 reason: match self.rng.gen_range(0..20) {
                     0 => String::new(),
                     1 => " ".into(),
@@ -1136,7 +1138,7 @@ impl Gen {
                 } else {
                     RESOURCES[self.rng.gen_range(0..RESOURCES.len())].into()
                 },
-                token: self.rng.gen_range(-1..=current.min(40)),
+                token: FencingToken(self.rng.gen_range(-1..=current.min(40))),
             },
             120 => Command::RegisterClient {
                 timeout_ms: self.rng.gen_range(0..600_000),
@@ -1177,7 +1179,7 @@ impl Gen {
             5..=7 => Command::Txn(self.txn(current, 0)),
             8 => Command::FenceCheck {
                 resource: RESOURCES[self.rng.gen_range(0..RESOURCES.len())].into(),
-                token: self.rng.gen_range(1..=current.clamp(1, 40)),
+                token: FencingToken(self.rng.gen_range(1..=current.clamp(1, 40))),
             },
             _ => Command::LeaseRevoke {
                 id: LeaseId(self.rng.gen_range(1..9)),

@@ -723,7 +723,7 @@ impl Runner {
             }
             "lock-force" => {
                 let name = parse_bytes(a.pos(0));
-                let token = a.num("token").unwrap_or(0);
+                let token = FencingToken(a.num("token").unwrap_or(0));
                 let reason = a.pos[1..].join(" ");
                 let reason = if reason == "\"\"" {
                     String::new()
@@ -747,7 +747,7 @@ impl Runner {
             }
             "fence" => {
                 let resource = parse_bytes(a.pos(0));
-                let token = a.pos_num(1);
+                let token = FencingToken(a.pos_num(1));
                 a.done();
                 let applied = self.apply(Command::FenceCheck { resource, token });
                 let ok = match &applied.response {
@@ -795,7 +795,7 @@ impl Runner {
                     "del" => Command::DeleteRange(parse_del(&mut inner)),
                     "fence" => Command::FenceCheck {
                         resource: parse_bytes(inner.pos(0)),
-                        token: inner.pos_num(1),
+                        token: FencingToken(inner.pos_num(1)),
                     },
                     "lease-revoke" => Command::LeaseRevoke {
                         id: LeaseId(inner.pos_num(0)),

@@ -128,7 +128,9 @@ pub struct Execution {
     sql: Arc<Sql>,
     tenant: String,
     key: String,
-    token: i64,
+    /// This claim's random `claim_token` (not a fencing token: it only tells this claim's
+    /// row from a later claimant's, and has no order).
+    claim_token: i64,
 }
 
 impl std::fmt::Debug for Execution {
@@ -231,15 +233,15 @@ impl IdempotencyStore {
         // Each round is insert-or-read; a round repeats only when the row vanished between
         // the two (purged or released), which cannot go on for long.
         for _ in 0..4 {
-            let token: i64 = rand::random();
+            let claim_token: i64 = rand::random();
             let inserted = client
                 .execute(
                     &self.sql.insert,
-                    &[&tenant, &key, &fp, &token, &lease, &retention],
+                    &[&tenant, &key, &fp, &claim_token, &lease, &retention],
                 )
                 .await?;
             if inserted == 1 {
-                return Ok(Claim::Execute(self.execution(tenant, key, token)));
+                return Ok(Claim::Execute(self.execution(tenant, key, claim_token)));
             }
             let Some(row) = client.query_opt(&self.sql.read, &[&tenant, &key]).await? else {
                 continue;
@@ -270,11 +272,11 @@ impl IdempotencyStore {
             let taken = client
                 .execute(
                     &self.sql.reclaim,
-                    &[&tenant, &key, &fp, &token, &lease, &retention],
+                    &[&tenant, &key, &fp, &claim_token, &lease, &retention],
                 )
                 .await?;
             if taken == 1 {
-                return Ok(Claim::Execute(self.execution(tenant, key, token)));
+                return Ok(Claim::Execute(self.execution(tenant, key, claim_token)));
             }
             // Locked by a live execution, or changed under us: look again once.
             takeover_failed = true;
@@ -374,12 +376,12 @@ impl IdempotencyStore {
         }
     }
 
-    fn execution(&self, tenant: &str, key: &str, token: i64) -> Execution {
+    fn execution(&self, tenant: &str, key: &str, claim_token: i64) -> Execution {
         Execution {
             sql: self.sql.clone(),
             tenant: tenant.into(),
             key: key.into(),
-            token,
+            claim_token,
         }
     }
 }
@@ -424,7 +426,10 @@ impl Execution {
     /// [`Error::ClaimLost`] if the lease ran out before this and another request took over.
     pub async fn lock(&self, tx: &Transaction<'_>) -> Result<(), Error> {
         let row = tx
-            .query_opt(&self.sql.lock, &[&self.tenant, &self.key, &self.token])
+            .query_opt(
+                &self.sql.lock,
+                &[&self.tenant, &self.key, &self.claim_token],
+            )
             .await?;
         row.map(|_| ()).ok_or(Error::ClaimLost)
     }
@@ -448,7 +453,7 @@ impl Execution {
                 &[
                     &self.tenant,
                     &self.key,
-                    &self.token,
+                    &self.claim_token,
                     &status,
                     &names,
                     &values,
@@ -479,11 +484,14 @@ impl Execution {
 
     /// Gives the claim up after the work transaction rolled back, so a retry runs at once
     /// rather than after the lease. Does nothing (returns `false`) if the key is done or
-    /// claimed by another request — it is fenced by this claim's token, so it is safe to call
-    /// whatever happened.
+    /// claimed by another request — it is fenced by this claim's `claim_token`, so it is safe
+    /// to call whatever happened.
     pub async fn release(&self, client: &Client) -> Result<bool, Error> {
         let n = client
-            .execute(&self.sql.release, &[&self.tenant, &self.key, &self.token])
+            .execute(
+                &self.sql.release,
+                &[&self.tenant, &self.key, &self.claim_token],
+            )
             .await?;
         Ok(n == 1)
     }

@@ -29,7 +29,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton_client::{Election, LostReason, Session, SessionOptions};
+use baton_client::{Election, FencingToken, LostReason, Session, SessionOptions};
 use tokio_postgres::Client;
 
 use super::{PgFence, Publisher, Relay, RelayConfig};
@@ -44,7 +44,7 @@ pub enum HaEvent {
         /// The partition index.
         partition: u32,
         /// The fencing token.
-        token: i64,
+        token: FencingToken,
     },
     /// Stopped relaying `partition`: leadership lost (the session's reason).
     Lost {
@@ -58,7 +58,7 @@ pub enum HaEvent {
         /// The partition index.
         partition: u32,
         /// This instance's (stale) token.
-        token: i64,
+        token: FencingToken,
         /// The refusal.
         message: String,
     },
@@ -160,7 +160,7 @@ impl<P: Publisher + 'static> HaRelay<P> {
     fn emit(&self, event: HaEvent) {
         match &event {
             HaEvent::Leading { partition, token } => {
-                tracing::info!(partition, token, instance = %self.config.instance, "relay: leading")
+                tracing::info!(partition, token = token.get(), instance = %self.config.instance, "relay: leading")
             }
             HaEvent::Lost { partition, reason } => {
                 tracing::warn!(partition, %reason, instance = %self.config.instance, "relay: leadership lost")
@@ -170,7 +170,7 @@ impl<P: Publisher + 'static> HaRelay<P> {
                 token,
                 message,
             } => {
-                tracing::warn!(partition, token, %message, instance = %self.config.instance, "relay: fenced off")
+                tracing::warn!(partition, token = token.get(), %message, instance = %self.config.instance, "relay: fenced off")
             }
         }
         if let Some(f) = &self.observer {
@@ -217,7 +217,8 @@ impl<P: Publisher + 'static> HaRelay<P> {
                 }
             };
             let token = leadership.fencing_token();
-            let fence = PgFence::new(self.outbox.schema(), name.clone(), token);
+            // The fence row is a `bigint`: PgFence takes the token's number.
+            let fence = PgFence::new(self.outbox.schema(), name.clone(), token.get());
             // Raise the fence before publishing anything: from here on every older leader's
             // progress write is refused, even if this one has none to make yet.
             let raised = match connect().await {

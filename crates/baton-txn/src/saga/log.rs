@@ -238,8 +238,7 @@ impl SagaLog {
                 .map(|kv| kv.mod_revision);
             if now_rev == Some(rev) {
                 // The record did not change, so the fence is what failed.
-                let token = fence.map(LeaderFence::token).unwrap_or_default();
-                return Err(LogError::Fenced { token }.into());
+                return Err(LogError::fenced_off(fence).into());
             }
         }
         Err(LogError::Contended(key).into())

@@ -8,7 +8,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use baton_client::{Client, Election, Session, SessionOptions, WatchOptions};
+use baton_client::{Client, Election, FencingToken, Session, SessionOptions, WatchOptions};
 use futures_util::StreamExt;
 use rand::Rng;
 use serde::Serialize;
@@ -63,7 +63,7 @@ pub enum SagaEvent {
     /// Elected; from now on driving sagas with this fencing token.
     Leading {
         /// The fencing token.
-        token: i64,
+        token: FencingToken,
     },
     /// Stopped leading: the session was lost, or driving failed.
     Lost {
@@ -73,7 +73,7 @@ pub enum SagaEvent {
     /// A write was refused by the fence: a newer leader exists. This instance stopped.
     Fenced {
         /// The stale token.
-        token: i64,
+        token: FencingToken,
     },
     /// An action attempt is recorded as running; the action is about to be called.
     BeforeStep {
@@ -278,13 +278,13 @@ impl Orchestrator {
     fn emit(&self, event: SagaEvent) {
         match &event {
             SagaEvent::Leading { token } => {
-                tracing::info!(token, instance = %self.config.instance, "saga orchestrator: leading")
+                tracing::info!(token = token.get(), instance = %self.config.instance, "saga orchestrator: leading")
             }
             SagaEvent::Lost { reason } => {
                 tracing::warn!(%reason, instance = %self.config.instance, "saga orchestrator: stopped leading")
             }
             SagaEvent::Fenced { token } => {
-                tracing::warn!(token, instance = %self.config.instance, "saga orchestrator: fenced off")
+                tracing::warn!(token = token.get(), instance = %self.config.instance, "saga orchestrator: fenced off")
             }
             SagaEvent::Settled { saga, status } => {
                 tracing::info!(%saga, %status, "saga settled")

@@ -416,9 +416,7 @@ impl DecisionLog for BatonDecisionLog {
                 }
                 match range(&r, 0).and_then(|r| r.kvs.first()) {
                     Some(kv) => decode(&kv.key, &kv.value),
-                    None => Err(LogError::Fenced {
-                        token: fence.map(LeaderFence::token).unwrap_or_default(),
-                    }),
+                    None => Err(LogError::fenced_off(fence)),
                 }
             })
             .await
@@ -500,9 +498,7 @@ impl DecisionLog for BatonDecisionLog {
             if r.succeeded {
                 Ok(())
             } else {
-                Err(LogError::Fenced {
-                    token: fence.map(LeaderFence::token).unwrap_or_default(),
-                })
+                Err(LogError::fenced_off(fence))
             }
         })
     }
@@ -613,9 +609,7 @@ impl DecisionLog for BatonDecisionLog {
                 })
                 .await?;
                 if !r.succeeded {
-                    return Err(LogError::Fenced {
-                        token: fence.map(LeaderFence::token).unwrap_or_default(),
-                    });
+                    return Err(LogError::fenced_off(fence));
                 }
             }
             Ok(doomed.len())

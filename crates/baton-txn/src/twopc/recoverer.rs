@@ -157,7 +157,7 @@ impl Recoverer {
                 }
             };
             let fence = LeaderFence::of(&leadership);
-            tracing::info!(token = fence.token(), "recoverer: leading");
+            tracing::info!(token = fence.token().get(), "recoverer: leading");
             let lost = leadership.lost();
             tokio::pin!(lost);
             let mut last_purge: Option<std::time::Instant> = None;
@@ -178,7 +178,7 @@ impl Recoverer {
                             }
                         }
                         Err(RecoveryError::Log(LogError::Fenced { token })) => {
-                            tracing::warn!(token, "recoverer: fenced off");
+                            tracing::warn!(token = token.get(), "recoverer: fenced off");
                             break;
                         }
                         Err(e) => tracing::warn!(error = %e, "recoverer: pass failed"),

@@ -112,7 +112,7 @@ async fn two_instances_share_two_partitions_one_leader_each() {
     let mut stream = fresh_stream(&js, "T_RELAY_HA_PARTS", &[subject]).await;
     common::enqueue_all(&schema, subject, AGGREGATES, PER_AGGREGATE).await;
 
-    let leading: Arc<Mutex<Vec<(String, u32, i64)>>> = Arc::default();
+    let leading: Arc<Mutex<Vec<(String, u32, baton_client::FencingToken)>>> = Arc::default();
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut tasks = Vec::new();
     for instance in ["x", "y"] {
