@@ -1,9 +1,8 @@
 //! What the replica answers its callers: a proposal's outcome ([`Proposed`]), why a proposal
 //! or read did not go through ([`ProposeError`]), a keep-alive's result ([`KeepAlive`]),
-//! and the mapping of leadership and openraft failures onto them. Apart from lib.rs so that
-//! the modules that produce or carry these answers (the proposer, the wire format) do not
-//! reach back into the crate root (the tidy test `no_module_cycles`); lib.rs re-exports
-//! the public ones.
+//! and the mapping of leadership and openraft failures onto them. These are the errors of the
+//! replica's API (they travel between members, so their encoding is pinned by `golden`);
+//! why a replica could not start is `error::StartError`.
 
 use baton_core::Applied;
 use openraft::error::Fatal;
@@ -65,6 +64,43 @@ pub enum ProposeError {
     /// members.
     #[error("no space")]
     NoSpace,
+    /// openraft's core stopped without a shutdown being asked for, or panicked: the replica
+    /// serves nothing that needs Raft any more (a storage failure stops it with
+    /// [`ProposeError::Storage`] instead).
+    #[error("the Raft core has halted: {0}")]
+    Halted(Halt),
+    /// A bug in this build, or two builds in one cluster that disagree: never the caller's
+    /// doing, and not a storage failure.
+    #[error("internal error: {0}")]
+    Internal(InternalError),
+}
+
+/// How openraft's core ended when nobody asked it to ([`ProposeError::Halted`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum Halt {
+    #[error("stopped")]
+    Stopped,
+    #[error("panicked")]
+    Panicked,
+}
+
+/// What went wrong inside Baton itself ([`ProposeError::Internal`]). Each is a bug (or a
+/// cluster of mixed builds); the variants say where, so the log and the client see which.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum InternalError {
+    /// A request for the leader could not be encoded (requests are bounded far below the
+    /// peer message limit).
+    #[error("a request for the leader could not be encoded")]
+    EncodeRequest,
+    /// The leader answered with the answer of another kind of request.
+    #[error("the leader answered with the wrong kind of answer")]
+    UnexpectedAnswer,
+    /// Applying an entry produced another number of results than it had commands.
+    #[error("applying an entry of {commands} commands gave {results} results")]
+    ResultCount { commands: u64, results: u64 },
+    /// openraft refused a write as if it were a membership change.
+    #[error("a write was refused as a membership change")]
+    WriteAsMembershipChange,
 }
 
 /// Result of a lease keep-alive on the leader.
@@ -88,8 +124,8 @@ pub(crate) fn leader_error(leader: Option<u64>) -> ProposeError {
 pub(crate) fn fatal_error(f: &Fatal<u64>, shutting_down: bool) -> ProposeError {
     match f {
         Fatal::Stopped if shutting_down => ProposeError::ShuttingDown,
-        Fatal::Stopped => ProposeError::Storage("raft stopped".into()),
+        Fatal::Stopped => ProposeError::Halted(Halt::Stopped),
         Fatal::StorageError(e) => ProposeError::Storage(e.to_string()),
-        Fatal::Panicked => ProposeError::Storage("raft core panicked".into()),
+        Fatal::Panicked => ProposeError::Halted(Halt::Panicked),
     }
 }

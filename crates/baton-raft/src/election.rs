@@ -37,8 +37,9 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::network::Method;
-use crate::{openraft_election_timeouts, wire, Inner};
+use crate::network::{Method, Peers};
+use crate::replica::Replica;
+use crate::wire;
 
 /// Sent by a member about to campaign: "would you vote for me in `term`, given my log?"
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -81,9 +82,20 @@ impl RaftView {
     }
 }
 
-impl Inner {
+/// The election timer's side of a member: its own pre-votes and its answers to others'.
+pub(crate) struct Elector {
+    replica: Arc<Replica>,
+    peers: Arc<Peers>,
+}
+
+impl Elector {
+    pub(crate) fn new(replica: Arc<Replica>, peers: Arc<Peers>) -> Elector {
+        Elector { replica, peers }
+    }
+
     async fn raft_view(&self) -> Option<RaftView> {
-        self.raft
+        self.replica
+            .raft
             .with_raft_state(|st| {
                 let vote = st.vote_ref();
                 RaftView {
@@ -108,18 +120,9 @@ impl Inner {
         let Some(view) = self.raft_view().await else {
             return PreVoteAnswer::Refused("shutting down".into());
         };
-        let (_, lease_ms) = match openraft_election_timeouts(&self.config) {
-            Ok(t) => t,
-            Err(e) => return PreVoteAnswer::Refused(e.to_string()),
-        };
-        let my_last = self.wal.last_log_id();
-        let answer = decide_pre_vote(
-            &view,
-            Instant::now(),
-            Duration::from_millis(lease_ms),
-            my_last,
-            &req,
-        );
+        let my_last = self.replica.wal.last_log_id();
+        let lease = self.replica.timing.lease();
+        let answer = decide_pre_vote(&view, Instant::now(), lease, my_last, &req);
         if let PreVoteAnswer::Refused(reason) = &answer {
             tracing::debug!(from = format_args!("{from:x}"), term = req.term, %reason, "pre-vote refused");
         }
@@ -133,12 +136,14 @@ impl Inner {
         term: u64,
         configs: &[BTreeSet<u64>],
     ) -> Result<(), Vec<String>> {
+        let replica = &self.replica;
+        let me = replica.member_id;
         let req = PreVoteRequest {
             term,
-            last_log_id: self.wal.last_log_id(),
+            last_log_id: replica.wal.last_log_id(),
         };
         let payload = wire::encode(&req).map_err(|e| vec![e.to_string()])?;
-        let nodes = self
+        let nodes = replica
             .raft
             .metrics()
             .borrow()
@@ -150,10 +155,10 @@ impl Inner {
         let voters: BTreeSet<u64> = configs.iter().flatten().copied().collect();
         // Answers must come within the election timeout's lower bound, so a round never
         // outlasts the wait before the next one.
-        let timeout = self.config.election_timeout / 4;
+        let timeout = replica.config.election_timeout / 4;
         let asks = nodes
             .into_iter()
-            .filter(|(id, _)| *id != self.member_id && voters.contains(id))
+            .filter(|(id, _)| *id != me && voters.contains(id))
             .map(|(id, node)| {
                 let payload = payload.clone();
                 async move {
@@ -172,12 +177,9 @@ impl Inner {
             .filter(|(_, a)| *a == Some(PreVoteAnswer::Granted))
             .map(|(id, _)| *id)
             .collect();
-        granted.insert(self.member_id);
+        granted.insert(me);
         let won = has_quorum_in_every(configs, &granted);
-        assert!(
-            granted.contains(&self.member_id),
-            "a candidate counts its own vote"
-        );
+        assert!(granted.contains(&me), "a candidate counts its own vote");
         let refused: Vec<String> = answers
             .iter()
             .filter_map(|(id, a)| match a {
@@ -237,18 +239,19 @@ fn has_quorum_in_every(configs: &[BTreeSet<u64>], granted: &BTreeSet<u64>) -> bo
 }
 
 /// The election timer (module docs): runs until the replica is dropped or shuts down.
-pub(crate) async fn election_loop(node: Weak<Inner>) {
-    let Some(inner) = node.upgrade() else { return };
-    let Ok((timeout_min_ms, lease_ms)) = openraft_election_timeouts(&inner.config) else {
+pub(crate) async fn election_loop(elector: Weak<Elector>) {
+    let Some(inner) = elector.upgrade() else {
         return;
     };
-    let tick = inner.config.heartbeat_interval;
-    let lease = Duration::from_millis(lease_ms);
-    let draw = |inner: &Inner| {
+    let timing = inner.replica.timing;
+    let tick = inner.replica.config.heartbeat_interval;
+    let lease = timing.lease();
+    let draw = |inner: &Elector| {
         let ms = inner
+            .replica
             .rng
             .lock()
-            .gen_range(timeout_min_ms..lease_ms.max(timeout_min_ms + 1));
+            .gen_range(timing.timeout_min_ms..timing.lease_ms);
         Duration::from_millis(ms)
     };
     // A member (re)started with a cluster gives a leader one randomized timeout to be heard
@@ -261,19 +264,18 @@ pub(crate) async fn election_loop(node: Weak<Inner>) {
     drop(inner);
     loop {
         tokio::time::sleep(tick).await;
-        let Some(inner) = node.upgrade() else { return };
-        if inner
-            .shutting_down
-            .load(std::sync::atomic::Ordering::Acquire)
-        {
+        let Some(inner) = elector.upgrade() else {
+            return;
+        };
+        if inner.replica.is_shutting_down() {
             return;
         }
         let Some(view) = inner.raft_view().await else {
             return;
         };
-        let me = inner.member_id;
+        let me = inner.replica.member_id;
         let voter = view.configs.iter().any(|c| c.contains(&me));
-        if view.state == ServerState::Leader || !voter || inner.transfer_active() {
+        if view.state == ServerState::Leader || !voter || inner.replica.transfer.is_closed() {
             continue;
         }
         let now = Instant::now();
@@ -334,7 +336,7 @@ pub(crate) async fn election_loop(node: Weak<Inner>) {
             };
         if campaign {
             lost_in_a_row = 0;
-            if let Err(e) = inner.raft.trigger().elect().await {
+            if let Err(e) = inner.replica.raft.trigger().elect().await {
                 tracing::warn!(error = %e, "could not start an election");
                 return;
             }
@@ -344,9 +346,9 @@ pub(crate) async fn election_loop(node: Weak<Inner>) {
     }
 }
 
-/// Spawns [`election_loop`] for `inner`.
-pub(crate) fn spawn(inner: &Arc<Inner>) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(election_loop(Arc::downgrade(inner)))
+/// Spawns [`election_loop`] for `elector`.
+pub(crate) fn spawn(elector: &Arc<Elector>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(election_loop(Arc::downgrade(elector)))
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 //! concurrently, its proposals together so they land in one Raft entry, and answers with one
 //! response per item in order.
 //!
-//! Per-request semantics are those of a call of its own, which `Inner::route` relies on:
+//! Per-request semantics are those of a call of its own, which `routing::Router::route` relies on:
 //! each item gets its own answer (an item's `NotLeader` says nothing about the others), its
 //! own deadline (a waiter gives up at its deadline with `PeerError::Timeout`; an item whose
 //! waiter is gone before the batch leaves is not sent), and a batch's transport failure is

@@ -231,12 +231,13 @@ mod tests {
     use openraft::{EntryPayload, SnapshotMeta, StoredMembership, Vote};
 
     use super::*;
+    use crate::credential::ClusterCredential;
     use crate::election::{PreVoteAnswer, PreVoteRequest};
-    use crate::membership::{ClusterCredential, JoinRequest, JoinResponse, MemberChange};
+    use crate::membership::change::{JoinRequest, JoinResponse, MemberChange};
     use crate::origin::LeaderDuty;
     use crate::types::TypeConfig;
     use crate::wire::{ForwardedProposal, LeaderRequest, LeaderResponse};
-    use crate::{KeepAlive, MemberChanged, MemberError, ProposeError};
+    use crate::{Halt, InternalError, KeepAlive, MemberChanged, MemberError, ProposeError};
 
     fn named<T>(values: Vec<T>, name: fn(&T) -> &'static str) -> Vec<(&'static str, T)> {
         values.into_iter().map(|v| (name(&v), v)).collect()
@@ -349,6 +350,8 @@ mod tests {
             ProposeError::TooManyRequests,
             ProposeError::LeaderOnly(LeaderDuty::LeaseCheckpoint),
             ProposeError::NoSpace,
+            ProposeError::Halted(Halt::Stopped),
+            ProposeError::Internal(InternalError::UnexpectedAnswer),
         ];
         problems.extend(check_payloads(
             "propose_error",
@@ -365,6 +368,36 @@ mod tests {
                 ProposeError::TooManyRequests => "too_many_requests",
                 ProposeError::LeaderOnly(_) => "leader_only",
                 ProposeError::NoSpace => "no_space",
+                ProposeError::Halted(_) => "halted",
+                ProposeError::Internal(_) => "internal",
+            }),
+        ));
+        let halts = vec![Halt::Stopped, Halt::Panicked];
+        problems.extend(check_payloads(
+            "halt",
+            true,
+            named(halts, |h| match h {
+                Halt::Stopped => "stopped",
+                Halt::Panicked => "panicked",
+            }),
+        ));
+        let internal = vec![
+            InternalError::EncodeRequest,
+            InternalError::UnexpectedAnswer,
+            InternalError::ResultCount {
+                commands: 3,
+                results: 2,
+            },
+            InternalError::WriteAsMembershipChange,
+        ];
+        problems.extend(check_payloads(
+            "internal_error",
+            true,
+            named(internal, |e| match e {
+                InternalError::EncodeRequest => "encode_request",
+                InternalError::UnexpectedAnswer => "unexpected_answer",
+                InternalError::ResultCount { .. } => "result_count",
+                InternalError::WriteAsMembershipChange => "write_as_membership_change",
             }),
         ));
         let duties = vec![

@@ -29,8 +29,8 @@ use openraft::{RaftNetwork, RaftNetworkFactory};
 use parking_lot::Mutex;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::credential::ClusterCredential;
 use crate::env::PeerTransport;
-use crate::membership::ClusterCredential;
 use crate::types::{Member, TypeConfig};
 use crate::wire::{
     self, WireError, FORMAT_VERSION_METADATA, MAX_PEER_MESSAGE_BYTES, PEER_FORMAT_VERSION,
@@ -281,13 +281,13 @@ impl Peers {
                 }
                 let reason = format!("{method:?}: {}", status.message());
                 if status.code() == tonic::Code::PermissionDenied
-                    && status.message() == crate::membership::REMOVED_MESSAGE
+                    && status.message() == crate::membership::change::REMOVED_MESSAGE
                 {
                     if self.mark_removed() {
                         tracing::error!(
                             peer = format_args!("{target:x}"),
                             "{}",
-                            crate::membership::REMOVED_MESSAGE
+                            crate::membership::change::REMOVED_MESSAGE
                         );
                     }
                     return Err(PeerError::WrongPeer { target, reason });

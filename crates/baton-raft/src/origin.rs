@@ -8,7 +8,7 @@
 //! `ExpireLeases` expires a live lease at once, whatever its TTL (issue 14). So every
 //! command that enters a replica from outside — the public [`crate::Node::propose`] and
 //! forwarded `Propose` requests on the peer service — is classified by [`origin`] before it
-//! is proposed, and the leader's duties propose through `Inner::propose`, which nothing
+//! is proposed, and the leader's duties propose through `Replica::propose`, which nothing
 //! outside the crate reaches.
 //!
 //! [`origin`] is an exhaustive `match` on `Command` without a wildcard: a new variant does

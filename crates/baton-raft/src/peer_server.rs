@@ -35,7 +35,7 @@
 //! `from` against the connection's identity.
 
 use std::net::SocketAddr;
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use baton_core::{AlarmAction, Command};
@@ -44,15 +44,21 @@ use baton_proto::baton::raft::v1::PeerMessage;
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use tonic::{Request, Response, Status};
 
+use crate::answer::ProposeError;
+use crate::credential::ClusterCredential;
+use crate::election::{Elector, PreVoteRequest};
 use crate::env::{PeerIncoming, PeerTransport};
-use crate::membership::{ClusterCredential, JoinRequest, SenderStanding, REMOVED_MESSAGE};
+use crate::error::StartError;
+use crate::leader_service::LeaderService;
+use crate::membership::change::{JoinRequest, SenderStanding, REMOVED_MESSAGE};
+use crate::membership::Members;
 use crate::origin::{self, LeaderDuty};
+use crate::transfer;
 use crate::types::{Raft, TypeConfig};
 use crate::wire::{
     self, LeaderRequest, LeaderResponse, FORMAT_VERSION_METADATA, MAX_PEER_MESSAGE_BYTES,
     PEER_FORMAT_VERSION,
 };
-use crate::{Inner, ProposeError, StartError};
 
 /// Concurrent calls per peer connection. Peers make a handful (one replication stream, votes,
 /// ReadIndex heartbeats, forwarded requests bounded by their clients); the bound keeps a
@@ -69,7 +75,15 @@ pub(crate) struct PeerService {
     pub(crate) raft: Raft,
     /// Weak: the server task must not keep a replica alive that was dropped without
     /// `shutdown`.
-    pub(crate) node: Weak<Inner>,
+    pub(crate) handlers: Weak<Handlers>,
+}
+
+/// What serves the peer methods beyond openraft's own: requests for the leader, joiners,
+/// pre-votes and leader transfer.
+pub(crate) struct Handlers {
+    pub(crate) leader: LeaderService,
+    pub(crate) members: Arc<Members>,
+    pub(crate) elector: Arc<Elector>,
 }
 
 /// Why the peer service refused a message before acting on it.
@@ -201,6 +215,13 @@ pub(crate) fn check_forwarded(from: u64, req: &LeaderRequest) -> Result<(), Refu
 }
 
 impl PeerService {
+    /// The handlers, unless the replica is gone.
+    fn handlers(&self) -> Result<Arc<Handlers>, Status> {
+        self.handlers
+            .upgrade()
+            .ok_or_else(|| Status::unavailable("baton: member is shutting down"))
+    }
+
     /// Checks the envelope; returns the sender and the payload.
     fn open(&self, req: Request<PeerMessage>) -> Result<(u64, Vec<u8>), Status> {
         // Peer TLS (a later issue) goes here: the connection's identity (`req`'s peer
@@ -267,8 +288,8 @@ impl RaftService for PeerService {
         let (from, payload) = self.open(request)?;
         // Only "removed" refuses a vote: a lagging follower must still hear a candidate it
         // does not know yet.
-        if let Some(inner) = self.node.upgrade() {
-            if inner.sender_standing(from) == SenderStanding::Removed {
+        if let Some(handlers) = self.handlers.upgrade() {
+            if handlers.members.sender_standing(from) == SenderStanding::Removed {
                 return Err(Refusal::Removed(from).into_status());
             }
         }
@@ -292,13 +313,11 @@ impl RaftService for PeerService {
         request: Request<PeerMessage>,
     ) -> Result<Response<PeerMessage>, Status> {
         let (from, payload) = self.open(request)?;
-        let Some(inner) = self.node.upgrade() else {
-            return Err(Status::unavailable("baton: member is shutting down"));
-        };
-        check_member(&inner, from)?;
+        let handlers = self.handlers()?;
+        check_member(&handlers.members, from)?;
         let req: LeaderRequest = decode(&payload)?;
         check_forwarded(from, &req).map_err(Refusal::into_status)?;
-        let resp = inner.serve_leader_request(req).await;
+        let resp = handlers.leader.serve(req).await;
         self.reply(from, &resp)
     }
 
@@ -307,16 +326,14 @@ impl RaftService for PeerService {
         request: Request<PeerMessage>,
     ) -> Result<Response<PeerMessage>, Status> {
         let (from, payload) = self.open(request)?;
-        let Some(inner) = self.node.upgrade() else {
-            return Err(Status::unavailable("baton: member is shutting down"));
-        };
-        check_member(&inner, from)?;
+        let handlers = self.handlers()?;
+        check_member(&handlers.members, from)?;
         let reqs: Vec<LeaderRequest> = decode(&payload)?;
         // Every item before any is served: a batch with a forged item is forged whole.
         for req in &reqs {
             check_forwarded(from, req).map_err(Refusal::into_status)?;
         }
-        let resps = inner.serve_leader_batch(reqs).await;
+        let resps = handlers.leader.serve_batch(reqs).await;
         // Each answer on its own, so one too large for a peer message fails alone (as it
         // would in a `Forward` of its own) instead of taking the batch's answers with it. The
         // last MiB is left for such refusals (a batch has at most 1024 items).
@@ -362,10 +379,7 @@ impl RaftService for PeerService {
                     .is_some_and(|mine| mine.matches(&req.credential))
             })
             .ok_or_else(|| Refusal::NoClusterToken.into_status())?;
-        let Some(inner) = self.node.upgrade() else {
-            return Err(Status::unavailable("baton: member is shutting down"));
-        };
-        let resp = inner.serve_join(req);
+        let resp = self.handlers()?.members.serve_join(req);
         self.reply(0, &resp)
     }
 
@@ -375,10 +389,8 @@ impl RaftService for PeerService {
     ) -> Result<Response<PeerMessage>, Status> {
         let (from, payload) = self.open(request)?;
         let term: u64 = decode(&payload)?;
-        let Some(inner) = self.node.upgrade() else {
-            return Err(Status::unavailable("baton: member is shutting down"));
-        };
-        let resp = inner.serve_timeout_now(from, term).await;
+        let handlers = self.handlers()?;
+        let resp = transfer::serve_timeout_now(&handlers.leader.replica, from, term).await;
         self.reply(from, &resp)
     }
 
@@ -387,16 +399,14 @@ impl RaftService for PeerService {
         request: Request<PeerMessage>,
     ) -> Result<Response<PeerMessage>, Status> {
         let (from, payload) = self.open(request)?;
-        let Some(inner) = self.node.upgrade() else {
-            return Err(Status::unavailable("baton: member is shutting down"));
-        };
+        let handlers = self.handlers()?;
         // As for votes: only "removed" refuses; a lagging voter must still hear a member it
         // does not know yet.
-        if inner.sender_standing(from) == SenderStanding::Removed {
+        if handlers.members.sender_standing(from) == SenderStanding::Removed {
             return Err(Refusal::Removed(from).into_status());
         }
-        let req: crate::election::PreVoteRequest = decode(&payload)?;
-        let resp = inner.serve_pre_vote(from, req).await;
+        let req: PreVoteRequest = decode(&payload)?;
+        let resp = handlers.elector.serve_pre_vote(from, req).await;
         self.reply(from, &resp)
     }
 }
@@ -405,8 +415,8 @@ impl RaftService for PeerService {
 /// (etcd answers a removed member's messages with "the member has been permanently removed
 /// from the cluster"); a follower that does not know the sender refuses it as the wrong
 /// peer, which a real member (just added, ahead of this follower) retries with the leader.
-fn check_member(inner: &Inner, from: u64) -> Result<(), Status> {
-    match inner.sender_standing(from) {
+fn check_member(members: &Members, from: u64) -> Result<(), Status> {
+    match members.sender_standing(from) {
         SenderStanding::Member => Ok(()),
         SenderStanding::Removed => Err(Refusal::Removed(from).into_status()),
         SenderStanding::Unknown => Err(Refusal::UnknownSender(from).into_status()),
@@ -447,7 +457,7 @@ pub(crate) fn spawn(
     listeners: Vec<PeerListener>,
     service: PeerService,
 ) -> Vec<tokio::task::JoinHandle<()>> {
-    let service = std::sync::Arc::new(service);
+    let service = Arc::new(service);
     listeners
         .into_iter()
         .map(|listener| {

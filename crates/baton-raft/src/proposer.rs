@@ -20,7 +20,7 @@ use baton_core::Command;
 use openraft::error::ClientWriteError;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
-use crate::answer::{fatal_error, leader_error, ProposeError, Proposed};
+use crate::answer::{fatal_error, leader_error, InternalError, ProposeError, Proposed};
 use crate::env::WallClock;
 use crate::sm::Shared;
 use crate::types::{Raft, Request};
@@ -309,15 +309,22 @@ async fn deliver(
         Err(_) => fail(waiters, ProposeError::LeaderChanged),
         Ok(Err(ClientWriteError::ForwardToLeader(f))) => fail(waiters, leader_error(f.leader_id)),
         Ok(Err(ClientWriteError::ChangeMembershipError(e))) => {
-            fail(waiters, ProposeError::Storage(e.to_string()))
+            tracing::error!(error = %e, "openraft refused a write as a membership change");
+            fail(
+                waiters,
+                ProposeError::Internal(InternalError::WriteAsMembershipChange),
+            )
         }
         Ok(Ok(resp)) => {
             let raft_term = resp.log_id.leader_id.term;
             let raft_index = resp.log_id.index;
             let applied = resp.data.applied;
             if applied.len() != waiters.len() {
-                let msg = format!("{} results for {} commands", applied.len(), waiters.len());
-                return fail(waiters, ProposeError::Storage(msg));
+                let e = InternalError::ResultCount {
+                    commands: waiters.len() as u64,
+                    results: applied.len() as u64,
+                };
+                return fail(waiters, ProposeError::Internal(e));
             }
             for (w, applied) in waiters.into_iter().zip(applied) {
                 let _ = w.send(Ok(Proposed {

@@ -2,7 +2,7 @@
 //! API of its own (openraft 0.10 adds one).
 //!
 //! The obstacle is openraft's leader lease: a follower refuses to vote for anybody for
-//! `election_timeout_max` (`0.4 T`, see `openraft_election_timeouts`) after it last heard
+//! `election_timeout_max` (`0.4 T`, see `config::ElectionTiming`) after it last heard
 //! from its leader, so a target that simply campaigns (`trigger().elect()`) is refused while
 //! the leader keeps sending heartbeats. The leader therefore:
 //!
@@ -21,7 +21,6 @@
 //!    old leader leading).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -30,9 +29,11 @@ use openraft::metrics::WaitError;
 use openraft::ServerState;
 use serde::{Deserialize, Serialize};
 
+use crate::answer::{InternalError, ProposeError};
 use crate::network::Method;
+use crate::replica::Replica;
+use crate::routing::Router;
 use crate::wire;
-use crate::{openraft_election_timeouts, Inner, Node, ProposeError};
 
 /// How long a transfer may take (etcdctl's command timeout is 5 s; answer before it).
 const TRANSFER_TIMEOUT: Duration = Duration::from_millis(4500);
@@ -57,210 +58,175 @@ pub enum TransferError {
     Propose(#[from] ProposeError),
 }
 
-/// The gate closed during a transfer (`true` while one runs).
-pub(crate) struct TransferGate {
-    active: tokio::sync::watch::Sender<bool>,
-}
-
-impl TransferGate {
-    pub(crate) fn new() -> Self {
-        TransferGate {
-            active: tokio::sync::watch::channel(false).0,
-        }
-    }
-}
-
 /// Re-opens the gate and restores heartbeats however the transfer ends.
-struct Reopen<'a>(&'a Inner);
+struct Reopen<'a>(&'a Replica);
 
 impl Drop for Reopen<'_> {
     fn drop(&mut self) {
         let rc = self.0.raft.runtime_config();
         rc.heartbeat(true);
-        self.0.transfer.active.send_replace(false);
+        self.0.transfer.open();
     }
 }
 
-impl Node {
-    /// etcd's `MoveLeader`: hands leadership to `target`, a voter, once it has caught up.
-    /// Only the leader can do this ([`TransferError::NotLeader`] elsewhere); moving to the
-    /// leader itself succeeds at once.
-    pub async fn move_leader(&self, target: u64) -> Result<(), TransferError> {
-        let inner = &self.inner;
-        inner.check_running()?;
-        let deadline = Instant::now() + TRANSFER_TIMEOUT;
-        let term = {
-            let m = inner.raft.metrics();
-            let m = m.borrow();
-            if m.state != ServerState::Leader {
-                return Err(TransferError::NotLeader);
-            }
-            if target == inner.member_id {
-                return Ok(());
-            }
-            if !m
-                .membership_config
-                .membership()
-                .voter_ids()
-                .any(|v| v == target)
-            {
-                return Err(TransferError::BadTransferee);
-            }
-            m.current_term
-        };
-        tracing::info!(
-            target = format_args!("{target:x}"),
-            term,
-            "leadership transfer starting"
-        );
-        // A target that does not answer cannot campaign: fail now rather than hold the gate
-        // (and every write on this member) until the deadline.
-        if !inner.active(target) {
-            return Err(TransferError::Timeout);
+/// etcd's `MoveLeader`: hands leadership to `target`, a voter, once it has caught up. Only
+/// the leader can do this ([`TransferError::NotLeader`] elsewhere); moving to the leader
+/// itself succeeds at once.
+pub(crate) async fn move_leader(router: &Router, target: u64) -> Result<(), TransferError> {
+    let replica = router.replica();
+    replica.check_running()?;
+    let deadline = Instant::now() + TRANSFER_TIMEOUT;
+    let term = {
+        let m = replica.raft.metrics();
+        let m = m.borrow();
+        if m.state != ServerState::Leader {
+            return Err(TransferError::NotLeader);
         }
-        if inner.transfer.active.send_replace(true) {
-            return Err(TransferError::InProgress);
+        if target == replica.member_id {
+            return Ok(());
         }
-        let _reopen = Reopen(inner);
-        let rc = inner.raft.runtime_config();
-        // (The leader never campaigns: `election` skips a leader, and a transfer in
-        // progress, so stopping heartbeats is all.)
-        rc.heartbeat(false);
-        // With the gate closed the leader's log stops growing, so the target catches up
-        // even under a steady write load (the writes wait, as etcd drops them meanwhile).
-        // etcd's raft gives a transfer one election timeout.
-        let catch_up_deadline = deadline.min(Instant::now() + inner.config.election_timeout);
-        inner.wait_caught_up(target, catch_up_deadline).await?;
-        let (_, lease_ms) = openraft_election_timeouts(&inner.config)
-            .map_err(|e| ProposeError::Storage(e.to_string()))?;
-        tokio::time::sleep(Duration::from_millis(lease_ms) + inner.config.heartbeat_interval).await;
-        let node = inner
-            .raft
-            .metrics()
-            .borrow()
+        if !m
             .membership_config
             .membership()
-            .get_node(&target)
-            .cloned()
-            .ok_or(TransferError::BadTransferee)?;
-        let payload = wire::encode(&term).map_err(|e| ProposeError::Storage(e.to_string()))?;
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        let answer = inner
-            .peers
-            .call(target, &node, Method::TimeoutNow, payload, remaining)
-            .await
-            .map_err(|e| {
-                tracing::warn!(error = %e, "leadership transfer: the target did not answer");
-                TransferError::Timeout
-            })?;
-        match wire::decode::<Result<(), String>>(&answer) {
-            Ok(Ok(())) => {}
-            Ok(Err(reason)) => {
-                tracing::warn!(%reason, "leadership transfer: the target refused to campaign");
-                return Err(TransferError::BadTransferee);
-            }
-            Err(e) => return Err(ProposeError::LeaderFailed(e.to_string()).into()),
-        }
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        match inner
-            .raft
-            .wait(Some(remaining))
-            .metrics(|m| m.current_leader == Some(target), "the transferee leads")
-            .await
+            .voter_ids()
+            .any(|v| v == target)
         {
-            Ok(m) => {
-                tracing::info!(
-                    target = format_args!("{target:x}"),
-                    term = m.current_term,
-                    "leadership transferred"
-                );
-                Ok(())
-            }
-            Err(WaitError::Timeout(..)) => Err(TransferError::Timeout),
-            Err(WaitError::ShuttingDown) => Err(ProposeError::ShuttingDown.into()),
+            return Err(TransferError::BadTransferee);
         }
+        m.current_term
+    };
+    tracing::info!(
+        target = format_args!("{target:x}"),
+        term,
+        "leadership transfer starting"
+    );
+    // A target that does not answer cannot campaign: fail now rather than hold the gate
+    // (and every write on this member) until the deadline.
+    if !router.active(target) {
+        return Err(TransferError::Timeout);
+    }
+    if !replica.transfer.close() {
+        return Err(TransferError::InProgress);
+    }
+    let _reopen = Reopen(replica);
+    let rc = replica.raft.runtime_config();
+    // (The leader never campaigns: `election` skips a leader, and a transfer in
+    // progress, so stopping heartbeats is all.)
+    rc.heartbeat(false);
+    // With the gate closed the leader's log stops growing, so the target catches up
+    // even under a steady write load (the writes wait, as etcd drops them meanwhile).
+    // etcd's raft gives a transfer one election timeout.
+    let catch_up_deadline = deadline.min(Instant::now() + replica.config.election_timeout);
+    wait_caught_up(replica, target, catch_up_deadline).await?;
+    tokio::time::sleep(replica.timing.lease() + replica.config.heartbeat_interval).await;
+    let node = replica
+        .raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .get_node(&target)
+        .cloned()
+        .ok_or(TransferError::BadTransferee)?;
+    let payload =
+        wire::encode(&term).map_err(|_| ProposeError::Internal(InternalError::EncodeRequest))?;
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    let answer = router
+        .peers()
+        .call(target, &node, Method::TimeoutNow, payload, remaining)
+        .await
+        .map_err(|e| {
+            tracing::warn!(error = %e, "leadership transfer: the target did not answer");
+            TransferError::Timeout
+        })?;
+    match wire::decode::<Result<(), String>>(&answer) {
+        Ok(Ok(())) => {}
+        Ok(Err(reason)) => {
+            tracing::warn!(%reason, "leadership transfer: the target refused to campaign");
+            return Err(TransferError::BadTransferee);
+        }
+        Err(e) => return Err(ProposeError::LeaderFailed(e.to_string()).into()),
+    }
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    match replica
+        .raft
+        .wait(Some(remaining))
+        .metrics(|m| m.current_leader == Some(target), "the transferee leads")
+        .await
+    {
+        Ok(m) => {
+            tracing::info!(
+                target = format_args!("{target:x}"),
+                term = m.current_term,
+                "leadership transferred"
+            );
+            Ok(())
+        }
+        Err(WaitError::Timeout(..)) => Err(TransferError::Timeout),
+        Err(WaitError::ShuttingDown) => Err(ProposeError::ShuttingDown.into()),
     }
 }
 
-impl Inner {
-    /// Waits while a leader transfer holds this member's gate (at most until `deadline`).
-    /// Proposals, read indexes and membership changes call it, so that nothing renews the
-    /// followers' leader leases while the transferee waits for them to expire.
-    pub(crate) async fn wait_transfer(&self, deadline: Instant) {
-        let mut rx = self.transfer.active.subscribe();
-        if !*rx.borrow() {
-            return;
-        }
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        let _ = tokio::time::timeout(remaining, rx.wait_for(|active| !*active)).await;
-    }
-
-    /// Whether a leader transfer holds this member's gate now.
-    pub(crate) fn transfer_active(&self) -> bool {
-        *self.transfer.active.borrow()
-    }
-
-    /// Waits until the leader's replication to `target` has matched its whole log.
-    async fn wait_caught_up(&self, target: u64, deadline: Instant) -> Result<(), TransferError> {
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        let caught_up = |m: &openraft::RaftMetrics<u64, crate::types::Member>| {
-            let matched: BTreeMap<u64, Option<u64>> = m
-                .replication
-                .iter()
-                .flatten()
-                .map(|(id, l)| (*id, l.map(|l| l.index)))
-                .collect();
-            m.state == ServerState::Leader
-                && matched.get(&target).copied().flatten() >= m.last_log_index
-        };
-        match self
-            .raft
-            .wait(Some(remaining))
-            .metrics(caught_up, "the transferee has caught up")
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(WaitError::Timeout(..)) => {
-                let m = self.raft.metrics();
-                if m.borrow().state != ServerState::Leader {
-                    return Err(TransferError::NotLeader);
-                }
-                Err(TransferError::Timeout)
+/// Waits until the leader's replication to `target` has matched its whole log.
+async fn wait_caught_up(
+    replica: &Replica,
+    target: u64,
+    deadline: Instant,
+) -> Result<(), TransferError> {
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    let caught_up = |m: &openraft::RaftMetrics<u64, crate::types::Member>| {
+        let matched: BTreeMap<u64, Option<u64>> = m
+            .replication
+            .iter()
+            .flatten()
+            .map(|(id, l)| (*id, l.map(|l| l.index)))
+            .collect();
+        m.state == ServerState::Leader
+            && matched.get(&target).copied().flatten() >= m.last_log_index
+    };
+    match replica
+        .raft
+        .wait(Some(remaining))
+        .metrics(caught_up, "the transferee has caught up")
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(WaitError::Timeout(..)) => {
+            if replica.role().state != ServerState::Leader {
+                return Err(TransferError::NotLeader);
             }
-            Err(WaitError::ShuttingDown) => Err(ProposeError::ShuttingDown.into()),
+            Err(TransferError::Timeout)
         }
+        Err(WaitError::ShuttingDown) => Err(ProposeError::ShuttingDown.into()),
     }
+}
 
-    /// The transferee's half: campaign now. Refused by a member that is not a voter or that
-    /// has seen a newer term than the leader's that asks.
-    pub(crate) async fn serve_timeout_now(
-        self: &Arc<Self>,
-        from: u64,
-        leader_term: u64,
-    ) -> Result<(), String> {
-        let (voter, term) = {
-            let m = self.raft.metrics();
-            let m = m.borrow();
-            let voter = m
-                .membership_config
-                .membership()
-                .voter_ids()
-                .any(|v| v == self.member_id);
-            (voter, m.current_term)
-        };
-        if !voter {
-            return Err("not a voter".into());
-        }
-        if term > leader_term {
-            return Err(format!(
-                "term {term} is newer than the leader's {leader_term}"
-            ));
-        }
-        tracing::info!(
-            from = format_args!("{from:x}"),
-            leader_term,
-            "campaigning at the leader's request (leadership transfer)"
-        );
-        self.raft.trigger().elect().await.map_err(|e| e.to_string())
+/// The transferee's half: campaign now. Refused by a member that is not a voter or that has
+/// seen a newer term than the leader's that asks.
+pub(crate) async fn serve_timeout_now(
+    replica: &Replica,
+    from: u64,
+    leader_term: u64,
+) -> Result<(), String> {
+    let voter = replica.is_voter(replica.member_id);
+    let term = replica.role().term;
+    if !voter {
+        return Err("not a voter".into());
     }
+    if term > leader_term {
+        return Err(format!(
+            "term {term} is newer than the leader's {leader_term}"
+        ));
+    }
+    tracing::info!(
+        from = format_args!("{from:x}"),
+        leader_term,
+        "campaigning at the leader's request (leadership transfer)"
+    );
+    replica
+        .raft
+        .trigger()
+        .elect()
+        .await
+        .map_err(|e| e.to_string())
 }

@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::answer::{KeepAlive, ProposeError};
-use crate::membership::{MemberChange, MemberChanged, MemberError};
+use crate::membership::change::{MemberChange, MemberChanged, MemberError};
 use crate::types::Member;
 
 /// Bound on one peer message (either direction), and the gRPC limit of the peer service.
@@ -101,9 +101,10 @@ pub(crate) fn encode_concatenated<'a>(
     out
 }
 
-/// A request only the leader can serve, forwarded by a follower. The peer service checks
-/// each one's content before serving it (`peer_server::check_forwarded`, an exhaustive
-/// `match`: a new variant must say what a peer may send in it).
+/// A request only the leader can serve, forwarded by a follower (one per `calls::LeaderCall`
+/// type, which says how it is routed and what answers it). The peer service checks each
+/// one's content before serving it (`peer_server::check_forwarded`, an exhaustive `match`: a
+/// new variant must say what a peer may send in it).
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) enum LeaderRequest {
     /// Replicate and apply a command (through the leader's proposer, batched with its own).
@@ -125,29 +126,18 @@ pub(crate) enum LeaderRequest {
     ChangeMembers(MemberChange),
 }
 
-impl LeaderRequest {
-    /// Whether sending it twice is harmless, so a failed attempt may be retried blindly even
-    /// when it may have reached the leader. A proposal is not: it could be applied twice; nor
-    /// is a membership change (a second MemberAdd would add a second member).
-    pub(crate) fn is_idempotent(&self) -> bool {
-        !matches!(
-            self,
-            LeaderRequest::Propose(_) | LeaderRequest::ChangeMembers(_)
-        )
-    }
-}
-
-impl LeaderRequest {
-    /// Whether it travels in a `ForwardBatch` (see `forward`). Membership changes and
-    /// publishing go alone in a `Forward`: they are rare, and may take the leader seconds
-    /// (joint consensus, a learner catching up) — a batch is answered when its slowest item
-    /// is done, so they would hold up every request batched with them.
-    pub(crate) fn is_batched(&self) -> bool {
-        !matches!(
-            self,
-            LeaderRequest::Publish { .. } | LeaderRequest::ChangeMembers(_)
-        )
-    }
+/// [`LeaderRequest`] borrowed, for sending: the same variants in the same order, so it
+/// encodes to the same bytes (bincode writes a reference as the value; pinned by
+/// `calls::tests`). A proposal is encoded straight from the caller's command, never copied.
+#[derive(Debug, Serialize)]
+pub(crate) enum LeaderRequestRef<'a> {
+    Propose(&'a Command),
+    ReadIndex,
+    KeepAlive(LeaseId),
+    TimeToLive(LeaseId),
+    Publish { id: u64, member: &'a Member },
+    GrantCheck(LeaseId),
+    ChangeMembers(&'a MemberChange),
 }
 
 /// The leader's answer. Each request kind has its own variant; `Failed` carries the leader's

@@ -191,6 +191,8 @@ pub fn propose_status(err: &ProposeError) -> Status {
         // happened): it serves nothing that needs Raft any more, which is what etcd says
         // of a stopped server. openraft's own description never reaches a client.
         ProposeError::Storage(_) => Status::unavailable(STOPPED),
+        // The same for a Raft core that stopped or panicked without being asked to.
+        ProposeError::Halted(_) => Status::unavailable(STOPPED),
         ProposeError::NoSpace => Status::resource_exhausted(NO_SPACE),
         ProposeError::LeaderFailed(_) => Status::unavailable(TIMED_OUT_LEADER_FAIL),
         ProposeError::MembershipChange(msg) => {
@@ -202,6 +204,8 @@ pub fn propose_status(err: &ProposeError) -> Status {
         // No client request converts to a leader-only command: reaching this is a bug in
         // this server, not the client's doing.
         ProposeError::LeaderOnly(_) => Status::internal(err.to_string()),
+        // A bug of this build (or members of different builds): said as what it is.
+        ProposeError::Internal(e) => Status::internal(format!("baton: internal error: {e}")),
     }
 }
 

@@ -207,5 +207,5 @@ async fn inconsistent_cluster_flags_are_refused() {
     ));
     let mut c = configs(tmp.path(), 2).remove(1);
     c.election_timeout = Duration::from_millis(200);
-    assert!(matches!(Node::start(c).await, Err(StartError::Raft(_))));
+    assert!(matches!(Node::start(c).await, Err(StartError::Timing(_))));
 }

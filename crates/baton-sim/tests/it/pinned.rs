@@ -19,7 +19,7 @@ fn assert_passes(config: SimConfig) {
 /// Stale linearizable read after a leader restart: openraft 0.9 restores a restarted leader
 /// as leader in the same term and answered ReadIndex with the commit index it recovered
 /// from disk, which lagged writes acknowledged before the crash (m2 crashed alone, was back
-/// as leader before the others elected one). Fixed in `Inner::read_index_local`.
+/// as leader before the others elected one). Fixed in `ReadIndex::local` (baton-raft `read_index.rs`).
 #[test]
 fn seed_42_stale_read_after_leader_restart() {
     assert_passes(SimConfig::new(42));

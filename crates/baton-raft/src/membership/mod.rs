@@ -1,0 +1,291 @@
+//! Membership changes (etcd's `MemberAdd`, `MemberRemove`, `MemberUpdate`, `MemberPromote`),
+//! joining an existing cluster with an empty data directory, and noticing that this member
+//! was removed.
+//!
+//! # Changes
+//! A change is checked and made by the leader (a follower forwards it as
+//! `LeaderRequest::ChangeMembers`, never retried once it may have arrived: a second MemberAdd
+//! would add a second member). The checks are etcd's `--strict-reconfig-check` (on by
+//! default in etcd): a change that would leave fewer *active* voters than a quorum is
+//! refused with "re-configuration failed due to not enough started members". "Active" is
+//! etcd's transport view: the peer answered one of the leader's calls within the election
+//! timeout (the leader heartbeats every member, learners included). Voters are added and
+//! removed with openraft's joint consensus (`change_membership`); learners with
+//! `AddNodes`/`RemoveNodes`, so they receive the log and snapshots but never vote.
+//!
+//! # Joining
+//! A member started with `--initial-cluster-state existing` on an empty data directory asks
+//! the other members listed in `--initial-cluster` for the membership (the `Members` peer
+//! method), finds itself by its advertised peer URLs (as etcd does), adopts the member id and
+//! cluster id from the answer, persists them and waits to be contacted: the leader has been
+//! trying to replicate to it since `MemberAdd` and catches it up by log or snapshot. The
+//! question carries a `ClusterCredential` of the joiner's `--initial-cluster-token`; a member
+//! answers only its own token's (the membership names every id and peer URL a forger of
+//! peer messages would need).
+//!
+//! # Removal
+//! A member learns it was removed either by applying the configuration without it, or,
+//! having missed that (it was down, or the leader stopped replicating to it first), from the
+//! leader, which answers votes and forwarded requests of non-members with
+//! [`REMOVED_MESSAGE`]. `Node::removed` then resolves; the embedder stops serving.
+//!
+//! Files: `change` (the data: what is asked and answered), `plan` (etcd's checks, a pure
+//! function), `join` (joining), this file (making a change on the leader, standing of a
+//! sender, noticing removal).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
+use openraft::ServerState;
+
+use crate::answer::{leader_error, ProposeError};
+use crate::calls::ChangeMembersCall;
+use crate::limits::REQUEST_TIMEOUT;
+use crate::routing::{Routed, Router};
+
+pub(crate) mod change;
+mod join;
+pub(crate) mod plan;
+
+use change::{
+    member_infos, JoinRequest, JoinResponse, MemberChange, MemberChanged, MemberError,
+    SenderStanding, REMOVED_MESSAGE,
+};
+pub(crate) use join::join_existing;
+
+/// How long a change waits for another change (a member publishing itself, a concurrent
+/// MemberAdd) to finish before giving up with a timeout.
+const IN_PROGRESS_RETRY: Duration = Duration::from_millis(50);
+
+/// Membership changes, made on the leader (routed there from a follower).
+pub(crate) struct Members {
+    router: Arc<Router>,
+    /// Started with `--initial-cluster` (a peer service runs): only then can it have peers.
+    clustered: bool,
+}
+
+impl Members {
+    pub(crate) fn new(router: Arc<Router>, clustered: bool) -> Members {
+        Members { router, clustered }
+    }
+
+    /// Routes a change to the leader and unpacks its answer.
+    pub(crate) async fn change(&self, change: MemberChange) -> Result<MemberChanged, MemberError> {
+        if !self.clustered {
+            return Err(MemberError::NotClustered);
+        }
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        match self
+            .router
+            .route(ChangeMembersCall(change), deadline)
+            .await?
+        {
+            Routed::Local(ChangeMembersCall(change)) => self.change_local(change, deadline).await,
+            Routed::Remote(res) => {
+                if let Ok(changed) = &res {
+                    // Committed: a slow local apply only delays visibility.
+                    let replica = self.router.replica();
+                    let _ = replica.wait_applied(changed.raft_index, deadline).await;
+                }
+                res
+            }
+        }
+    }
+
+    /// The leader's half of a membership change: etcd's checks (`plan`), then openraft's
+    /// `change_membership`; waits (until `deadline`) while another change is in progress.
+    pub(crate) async fn change_local(
+        &self,
+        change: MemberChange,
+        deadline: Instant,
+    ) -> Result<MemberChanged, MemberError> {
+        let replica = self.router.replica();
+        replica.check_running()?;
+        replica.transfer.wait(deadline).await;
+        loop {
+            let (membership, matched, last_log) = {
+                let m = replica.raft.metrics();
+                let m = m.borrow();
+                if m.state != ServerState::Leader {
+                    return Err(replica.not_leader(m.current_leader).into());
+                }
+                let matched: BTreeMap<u64, u64> = m
+                    .replication
+                    .iter()
+                    .flatten()
+                    .map(|(id, log)| (*id, log.map_or(0, |l| l.index)))
+                    .collect();
+                (
+                    m.membership_config.membership().clone(),
+                    matched,
+                    m.last_log_index.unwrap_or(0),
+                )
+            };
+            let active: BTreeSet<u64> = membership
+                .nodes()
+                .map(|(id, _)| *id)
+                .filter(|id| self.router.active(*id))
+                .collect();
+            let view = plan::View {
+                membership: &membership,
+                active: &active,
+                matched: &matched,
+                last_log,
+            };
+            // The replica's randomness (`Environment::rng`), so a seeded one is replayable.
+            let new_id = || rand::Rng::gen::<u64>(&mut *replica.rng.lock());
+            let planned = plan::plan(&change, &view, new_id)?;
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let res = tokio::time::timeout(
+                remaining,
+                replica
+                    .raft
+                    .change_membership(planned.change, planned.retain),
+            )
+            .await;
+            match res {
+                Err(_) => return Err(ProposeError::Timeout.into()),
+                Ok(Ok(resp)) => {
+                    let after = resp.membership.unwrap_or(membership);
+                    let members = member_infos(&after, replica.member_id, &replica.config);
+                    let added = planned
+                        .added
+                        .and_then(|id| members.iter().find(|m| m.id == id).cloned());
+                    return Ok(MemberChanged {
+                        added,
+                        members,
+                        raft_index: resp.log_id.index,
+                    });
+                }
+                Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
+                    return Err(leader_error(f.leader_id).into())
+                }
+                Ok(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e)))) => match e
+                {
+                    ChangeMembershipError::InProgress(_) => {
+                        if Instant::now() + IN_PROGRESS_RETRY >= deadline {
+                            return Err(ProposeError::Timeout.into());
+                        }
+                        tokio::time::sleep(IN_PROGRESS_RETRY).await;
+                    }
+                    ChangeMembershipError::LearnerNotFound(_) => return Err(MemberError::NotFound),
+                    ChangeMembershipError::EmptyMembership(_) => {
+                        return Err(MemberError::NotEnoughStarted)
+                    }
+                },
+                Ok(Err(RaftError::Fatal(f))) => return Err(replica.fatal_error(&f).into()),
+            }
+        }
+    }
+
+    /// Whether this member is a learner (receives the log, does not vote).
+    pub(crate) fn is_learner(&self) -> bool {
+        let replica = self.router.replica();
+        let me = replica.member_id;
+        replica.membership_node(me).is_some() && !replica.is_voter(me)
+    }
+
+    /// Where the sender of a peer message stands in this member's membership. Only the
+    /// leader can say "removed": it holds every configuration ever proposed, while a lagging
+    /// follower may not know yet a member that was just added.
+    pub(crate) fn sender_standing(&self, from: u64) -> SenderStanding {
+        let m = self.router.replica().raft.metrics();
+        let m = m.borrow();
+        if m.membership_config.membership().get_node(&from).is_some() {
+            SenderStanding::Member
+        } else if m.state == ServerState::Leader {
+            SenderStanding::Removed
+        } else {
+            SenderStanding::Unknown
+        }
+    }
+
+    /// Answers a joining member (whose credential the peer service checked): the membership
+    /// as this member knows it.
+    pub(crate) fn serve_join(&self, req: JoinRequest) -> JoinResponse {
+        let m = self.router.replica().raft.metrics();
+        let m = m.borrow();
+        let membership = m.membership_config.membership();
+        tracing::info!(peer_urls = ?req.peer_urls, "a member asks for the membership to join");
+        JoinResponse {
+            members: membership
+                .nodes()
+                .map(|(id, node)| (*id, node.clone()))
+                .collect(),
+            voters: membership.voter_ids().collect(),
+        }
+    }
+}
+
+/// Watches this member's applied membership: once a configuration that no longer contains it
+/// is applied (having contained it before: a joiner catching up applies older
+/// configurations first), it was removed. Weak for the same reason as `ticker::run`.
+pub(crate) async fn removal_loop(router: Weak<Router>) {
+    let (mut metrics, peers, me) = {
+        let Some(router) = router.upgrade() else {
+            return;
+        };
+        let replica = router.replica();
+        (
+            replica.raft.metrics(),
+            router.peers().clone(),
+            replica.member_id,
+        )
+    };
+    let mut was_member = false;
+    loop {
+        {
+            let m = metrics.borrow_and_update();
+            let stored = &m.membership_config;
+            let contains = stored.membership().get_node(&me).is_some();
+            let applied = m.last_applied.map(|l| l.index) >= stored.log_id().map(|l| l.index);
+            if contains {
+                was_member = true;
+            } else if was_member && applied {
+                if peers.mark_removed() {
+                    tracing::error!("{REMOVED_MESSAGE}");
+                }
+                return;
+            }
+        }
+        if metrics.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::credential::ClusterCredential;
+    use crate::wire;
+
+    #[test]
+    fn the_join_request_shows_a_digest_never_the_token() {
+        let bytes = wire::encode(&JoinRequest {
+            peer_urls: vec!["http://127.0.0.1:2380".into()],
+            credential: ClusterCredential::of_token("cluster-a"),
+        })
+        .unwrap();
+        assert!(!bytes.windows(9).any(|w| w == b"cluster-a"));
+        // A request in the format before credentials (URLs only) does not decode: refused.
+        let old = wire::encode(&vec!["http://127.0.0.1:2380".to_string()]).unwrap();
+        assert!(wire::decode::<JoinRequest>(&old).is_err());
+    }
+
+    #[test]
+    fn member_errors_cross_the_wire() {
+        for e in [
+            MemberError::NotFound,
+            MemberError::LearnerNotReady,
+            MemberError::Propose(ProposeError::Timeout),
+        ] {
+            let bytes = wire::encode(&e).unwrap();
+            assert_eq!(wire::decode::<MemberError>(&bytes).unwrap(), e);
+        }
+    }
+}

@@ -1,0 +1,343 @@
+//! [`Node`]: one replica, as the server sees it. Its methods are the crate's API; each hands
+//! the work to the component whose job it is (`routing`, `read_index`, `lease_duty`,
+//! `membership`, `transfer`, …) and [`Node::start`] (in `start`) assembles them.
+
+use std::fs;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use baton_core::{Command, LeaseId, Revision, StateMachine, WatchHub};
+use tokio::time::Instant;
+
+use crate::answer::{KeepAlive, ProposeError, Proposed};
+use crate::deletions::KeyDeletion;
+use crate::disk_watch::DiskWatch;
+use crate::lease_duty::{self, LeaseDuty};
+use crate::limits::REQUEST_TIMEOUT;
+use crate::membership::change::{MemberChange, MemberChanged, MemberError, MemberInfo};
+use crate::membership::Members;
+use crate::origin;
+use crate::peer_server::Handlers;
+use crate::read_index::ReadIndex;
+use crate::replica::Replica;
+use crate::routing::Router;
+use crate::status::{NodeStatus, WalWritePaths};
+use crate::transfer::{self, TransferError};
+
+/// One replica. Cheap to clone (an `Arc` inside).
+#[derive(Clone)]
+pub struct Node {
+    pub(crate) parts: Arc<Parts>,
+}
+
+/// The replica's components, each owning its own state (see ARCHITECTURE.md, baton-raft).
+/// The background tasks hold weak references to them, so a replica dropped without
+/// `shutdown` does not live on through its own tasks.
+pub(crate) struct Parts {
+    pub(crate) replica: Arc<Replica>,
+    pub(crate) router: Arc<Router>,
+    pub(crate) reads: Arc<ReadIndex>,
+    pub(crate) leases: Arc<LeaseDuty>,
+    pub(crate) members: Arc<Members>,
+    pub(crate) disk: Arc<DiskWatch>,
+    /// What the peer service serves (it holds a weak reference).
+    pub(crate) handlers: Arc<Handlers>,
+    pub(crate) tasks: parking_lot::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Holds the data directory's advisory lock until `shutdown` has stopped every writer
+    /// (or the replica is dropped), so a restarted replica in the same process can take it.
+    pub(crate) dir_lock: parking_lot::Mutex<Option<fs::File>>,
+}
+
+impl Node {
+    /// Stamps the command with the leader's time, replicates it, waits until it is durable
+    /// (fsynced) and applied, and returns what applying it produced.
+    ///
+    /// On a follower the command is forwarded to the leader, and the call returns once this
+    /// member has applied it too (a client reads its own write on the member it wrote
+    /// through, and this member's watchers have seen it).
+    ///
+    /// Only commands a client may cause are accepted ([`Origin::Client`](crate::Origin::Client)); the leader's own
+    /// duties (lease expiry, checkpoints) propose through the crate's internal entry point,
+    /// and asking for one here is refused with [`ProposeError::LeaderOnly`].
+    pub async fn propose(&self, command: Command) -> Result<Proposed, ProposeError> {
+        origin::client_may_propose(&command).map_err(ProposeError::LeaderOnly)?;
+        self.parts.router.propose(command).await
+    }
+
+    /// Returns once this replica has applied everything committed before the call and the
+    /// leader has confirmed its leadership with a quorum (ReadIndex): reads after it are
+    /// linearizable. On a follower the leader is asked for the read index over the peer
+    /// service; the wait for it to be applied is local.
+    pub async fn read_barrier(&self) -> Result<(), ProposeError> {
+        let parts = &self.parts;
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        parts.replica.transfer.wait(deadline).await;
+        let index = parts.reads.shared().await?;
+        parts.replica.wait_applied(index, deadline).await
+    }
+
+    /// Runs `f` on the applied state (a read lock; keep `f` short).
+    pub fn read<R>(&self, f: impl FnOnce(&StateMachine) -> R) -> R {
+        f(&self.parts.replica.shared.state.read().sm)
+    }
+
+    /// Runs `f` on the watch hub together with the applied state; no entry is applied while
+    /// `f` runs, so a watcher registered here sees every later event exactly once.
+    pub fn with_watch_hub<R>(&self, f: impl FnOnce(&mut WatchHub, &StateMachine) -> R) -> R {
+        let shared = &self.parts.replica.shared;
+        let st = shared.state.read();
+        let mut hub = shared.hub.lock();
+        f(&mut hub, &st.sm)
+    }
+
+    /// Runs `f` on the applied state and registers a one-shot deletion watch for every key it
+    /// returns, before any further entry is applied: a key `f` saw live cannot be deleted
+    /// unnoticed. Each watch fires once, when its key is deleted (a later re-creation is a
+    /// new key as far as the caller is concerned), and unregisters when dropped.
+    pub fn read_and_watch_deletions<R>(
+        &self,
+        f: impl FnOnce(&StateMachine) -> (R, Vec<Vec<u8>>),
+    ) -> (R, Vec<KeyDeletion>) {
+        let shared = &self.parts.replica.shared;
+        let st = shared.state.read();
+        let (r, keys) = f(&st.sm);
+        if keys.is_empty() {
+            return (r, Vec::new());
+        }
+        let mut watches = shared.deletions.lock();
+        let handles = keys
+            .into_iter()
+            .map(|k| KeyDeletion::register(&shared.deletions, &mut watches, k))
+            .collect();
+        (r, handles)
+    }
+
+    /// Registered key-deletion watches (diagnostics and tests: they must not leak).
+    pub fn deletion_watch_count(&self) -> usize {
+        self.parts.replica.shared.deletions.lock().len()
+    }
+
+    /// Fires whenever an entry that changed the store is applied (the value is the store
+    /// revision). Watch streams wait on it.
+    pub fn subscribe_revision(&self) -> tokio::sync::watch::Receiver<Revision> {
+        self.parts.replica.shared.revision_tx.subscribe()
+    }
+
+    /// Renews a lease on the leader's lease clock (not replicated, as etcd), forwarding to the
+    /// leader when this member is a follower.
+    pub async fn renew_lease(&self, id: LeaseId) -> Result<KeepAlive, ProposeError> {
+        self.parts.leases.renew(id).await
+    }
+
+    /// Remaining TTL of a lease in seconds on the leader's lease clock (see
+    /// [`Node::lease_remaining_s`]), forwarding to the leader when this member is a follower
+    /// (a follower's own estimate knows nothing of keep-alives).
+    pub async fn lease_time_to_live(&self, id: LeaseId) -> Result<Option<i64>, ProposeError> {
+        self.parts.leases.time_to_live(id).await
+    }
+
+    /// Renews a lease on this replica's lease clock; fails with `NotLeader` on a follower
+    /// (use [`Node::renew_lease`] to reach the leader from anywhere). Unlike `renew_lease`, it
+    /// does not confirm leadership with a quorum first (tests and tools only).
+    pub fn lease_keep_alive(&self, id: LeaseId) -> Result<KeepAlive, ProposeError> {
+        self.parts.leases.keep_alive_local(id)
+    }
+
+    /// Remaining TTL of a lease in seconds per the leader's lease clock (rounded as etcd does),
+    /// `None` if unknown.
+    pub fn lease_remaining_s(&self, id: LeaseId) -> Option<i64> {
+        lease_duty::remaining_s(&self.parts.replica.shared, id)
+    }
+
+    /// Whether a lease is alive: it exists in the state machine, and the lease clock (the
+    /// leader's, where deadlines are kept) neither sees its deadline passed nor has its expiry
+    /// in flight. Between a deadline and the applied `ExpireLeases` a lease still exists but
+    /// is not alive: a lock must not be granted to it then (etcd#11456).
+    ///
+    /// Only a leader whose clock is rebuilt for its current term knows the deadlines. Every
+    /// other replica's clock holds the deadlines set when each grant was applied and never
+    /// renewed (keep-alives go to the leader), so trusting it made a follower refuse locks to
+    /// every kept-alive lease older than its TTL ("the lease expired before the lock could be
+    /// granted", seen in `crates/baton/tests/it/chaos.rs`); there the state machine is the only
+    /// authority (the remaining follower gap is described in ARCHITECTURE.md).
+    pub fn lease_alive(&self, id: LeaseId) -> bool {
+        self.parts.leases.alive(id)
+    }
+
+    /// The last check before a lock grant to `lease`: the leader confirms its leadership with
+    /// a quorum (ReadIndex) and then judges the lease on its lease clock — the only clock
+    /// that sees keep-alives — and this replica waits until it has applied everything the
+    /// leader had committed. `Ok(false)`: the lease is gone or past its deadline.
+    ///
+    /// Why not [`Node::lease_alive`]: on a follower it knows only that the lease exists
+    /// (deadlines live on the leader), and on a deposed leader that has not noticed yet its
+    /// clock may still see keep-alives that the real leader never got; either could grant a
+    /// lock to a holder the cluster already expired.
+    pub async fn confirm_grant(&self, lease: LeaseId) -> Result<bool, ProposeError> {
+        self.parts.leases.confirm_grant(lease).await
+    }
+
+    /// Leader time now, on the scale of `Entry::time_ms` (wall-clock milliseconds, never
+    /// below the last applied stamp): what the next entry proposed here would at least be
+    /// stamped with. Deadlines the core records (lock-delay) are compared against it.
+    pub fn time_ms(&self) -> u64 {
+        let replica = &self.parts.replica;
+        let last = replica.shared.state.read().sm.last_time_ms();
+        replica.config.env.wall_ms().max(last)
+    }
+
+    /// A fresh random positive lease id that is not in use (randomness lives here, not in the
+    /// core).
+    pub fn new_lease_id(&self) -> LeaseId {
+        self.parts.leases.new_lease_id()
+    }
+
+    pub fn status(&self) -> NodeStatus {
+        let replica = &self.parts.replica;
+        let m = replica.raft.metrics();
+        let m = m.borrow();
+        NodeStatus {
+            cluster_id: replica.cluster_id,
+            member_id: replica.member_id,
+            leader_id: m.current_leader,
+            term: m.current_term,
+            last_log_index: m.last_log_index.unwrap_or(0),
+            applied_index: m.last_applied.map_or(0, |l| l.index),
+            disk_bytes: replica.wal.stats.file_bytes.load(Ordering::Relaxed)
+                + replica.shared.snapshot_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Every member of the current membership. This member is shown as configured now; the
+    /// others as they last published themselves (name and client URLs are empty until a
+    /// member has run and published them, as etcd shows "unstarted" members).
+    pub fn members(&self) -> Vec<MemberInfo> {
+        let replica = &self.parts.replica;
+        let membership = replica.raft.metrics().borrow().membership_config.clone();
+        let voters: Vec<u64> = membership.voter_ids().collect();
+        membership
+            .nodes()
+            .map(|(id, node)| {
+                let me = *id == replica.member_id;
+                let (name, peer_urls, client_urls) = if me {
+                    let c = &replica.config;
+                    (c.name.clone(), c.peer_urls.clone(), c.client_urls.clone())
+                } else {
+                    let n = node.clone();
+                    (n.name, n.peer_urls, n.client_urls)
+                };
+                MemberInfo {
+                    id: *id,
+                    name,
+                    peer_urls,
+                    client_urls,
+                    is_learner: !voters.contains(id),
+                }
+            })
+            .collect()
+    }
+
+    /// etcd's `MemberAdd`: adds a member with `peer_urls` (a learner if `is_learner`) under a
+    /// fresh id. The member then starts with `--initial-cluster-state existing` and an empty
+    /// data directory. Made by the leader (forwarded from a follower).
+    pub async fn member_add(
+        &self,
+        peer_urls: Vec<String>,
+        is_learner: bool,
+    ) -> Result<MemberChanged, MemberError> {
+        let change = MemberChange::Add {
+            peer_urls,
+            is_learner,
+        };
+        self.parts.members.change(change).await
+    }
+
+    /// etcd's `MemberRemove`. Removing the leader works: it steps down once the configuration
+    /// without it is committed, and the others elect a new leader.
+    pub async fn member_remove(&self, id: u64) -> Result<MemberChanged, MemberError> {
+        self.parts.members.change(MemberChange::Remove { id }).await
+    }
+
+    /// etcd's `MemberUpdate`: new peer URLs for a member (name and client URLs are kept).
+    pub async fn member_update(
+        &self,
+        id: u64,
+        peer_urls: Vec<String>,
+    ) -> Result<MemberChanged, MemberError> {
+        let change = MemberChange::Update { id, peer_urls };
+        self.parts.members.change(change).await
+    }
+
+    /// etcd's `MemberPromote`: makes a learner that has caught up a voter.
+    pub async fn member_promote(&self, id: u64) -> Result<MemberChanged, MemberError> {
+        self.parts
+            .members
+            .change(MemberChange::Promote { id })
+            .await
+    }
+
+    /// Whether this member is a learner (receives the log, does not vote).
+    pub fn is_learner(&self) -> bool {
+        self.parts.members.is_learner()
+    }
+
+    /// Resolves once this member knows it was removed from the cluster (it applied a
+    /// configuration without it, or the leader refused it as a non-member). The replica
+    /// takes no further part in elections; the embedder should stop serving, as etcd does.
+    pub async fn removed(&self) {
+        let mut rx = self.parts.router.peers().removed();
+        // An error means the sender is gone (the replica was dropped): never removed then.
+        if rx.wait_for(|removed| *removed).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// etcd's `MoveLeader`: hands leadership to `target`, a voter, once it has caught up.
+    /// Only the leader can do this ([`TransferError::NotLeader`] elsewhere); moving to the
+    /// leader itself succeeds at once.
+    pub async fn move_leader(&self, target: u64) -> Result<(), TransferError> {
+        transfer::move_leader(&self.parts.router, target).await
+    }
+
+    /// Stops Raft and the background tasks; everything acknowledged is already on disk.
+    pub async fn shutdown(&self) {
+        let parts = &self.parts;
+        let replica = &parts.replica;
+        if !replica.begin_shutdown() {
+            return;
+        }
+        for task in parts.tasks.lock().drain(..) {
+            task.abort();
+        }
+        if let Err(e) = replica.raft.shutdown().await {
+            tracing::warn!(error = %e, "raft core ended abnormally");
+        }
+        replica.wal.stop().await;
+        replica.shared.close_snapshots();
+        // Nothing writes to the directory any more.
+        parts.dir_lock.lock().take();
+    }
+
+    /// Whether this member's disk watch judges its space low (writes that add data are
+    /// refused here; see `space`).
+    pub fn disk_space_low(&self) -> bool {
+        self.parts.replica.shared.space.is_low()
+    }
+
+    /// Number of fsyncs the Raft log has issued since start. For tests (group commit) and
+    /// diagnostics; the same count is exported as `baton_wal_fsyncs_total`.
+    pub fn wal_fsync_count(&self) -> u64 {
+        self.parts.replica.wal.stats.fsyncs.load(Ordering::Relaxed)
+    }
+
+    /// Which way the Raft log's writes went since start: inline or through the batch loop.
+    /// For tests (the simulation shows it runs both) and diagnostics.
+    pub fn wal_write_paths(&self) -> WalWritePaths {
+        let s = &self.parts.replica.wal.stats;
+        WalWritePaths {
+            inline_ops: s.inline_ops.load(Ordering::Relaxed),
+            loop_batches: s.loop_batches.load(Ordering::Relaxed),
+            loop_ops: s.loop_ops.load(Ordering::Relaxed),
+        }
+    }
+}
