@@ -18,6 +18,8 @@
 //! ([`Outcome::trace_hash`]) tells whether two runs of one seed were identical.
 
 pub mod clock;
+mod config;
+mod ctx;
 pub mod disk;
 pub mod faults;
 mod locking;
@@ -26,12 +28,11 @@ mod workload;
 
 use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use baton_check::{CheckOptions, LockRecord, Recorder, ReplicaState, WatchEvent};
+use baton_check::{CheckOptions, Recorder, ReplicaState, WatchEvent};
 use baton_raft::{
     ClusterConfig, Environment, InitialClusterState, InitialMember, Node, NodeConfig, WalWritePaths,
 };
@@ -40,101 +41,11 @@ use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use crate::clock::SimClock;
+pub use crate::config::{SimConfig, CLIENT_PORT, KEY_PREFIX, PEER_PORT};
+pub use crate::ctx::mix;
+use crate::ctx::{member_name, prefix_end, Ctx};
 use crate::disk::SimDisk;
 use crate::faults::{Fault, Scheduled};
-
-/// Port of every member's client API (etcd's).
-pub const CLIENT_PORT: u16 = 2379;
-/// Port of every member's peer service.
-pub const PEER_PORT: u16 = 2380;
-/// Keys of the KV workload (and the watched range).
-pub const KEY_PREFIX: &str = "k/";
-
-/// One run's parameters. Everything except `seed` has a default suited to the swarm.
-#[derive(Debug, Clone)]
-pub struct SimConfig {
-    pub seed: u64,
-    pub members: usize,
-    pub clients: usize,
-    /// Clients contending for one lock with leases and fenced writes.
-    pub lock_clients: usize,
-    pub keys: usize,
-    /// Faults are injected in `[1 s, 1 s + fault_window)`; the workload runs that long too.
-    pub fault_window: Duration,
-    pub faults: usize,
-    /// After faults stop, every member must accept a write within this.
-    pub liveness_bound: Duration,
-    /// Time given to replicas to apply everything before they are compared.
-    pub settle: Duration,
-    /// After the clients are done, every member must reach the same applied index within
-    /// this. It covers a connection that a partition left stalled: turmoil drops segments
-    /// sent into a partition and never retransmits them, so such a connection is replaced
-    /// only when HTTP/2 keep-alive gives up on it (5 s + 5 s on peer channels).
-    pub convergence_bound: Duration,
-    /// Disks ignore fsync (a planted bug: the checkers must catch lost writes).
-    pub lying_disks: bool,
-    /// turmoil's step: every host and client runs once per step of simulated time.
-    pub tick: Duration,
-    /// Made by [`SimConfig::quick`] (for the replay command).
-    pub quick: bool,
-}
-
-impl SimConfig {
-    pub fn new(seed: u64) -> Self {
-        SimConfig {
-            seed,
-            members: 3,
-            clients: 3,
-            lock_clients: 2,
-            keys: 3,
-            fault_window: Duration::from_secs(8),
-            faults: 6,
-            liveness_bound: Duration::from_secs(15),
-            settle: Duration::from_secs(3),
-            convergence_bound: Duration::from_secs(20),
-            lying_disks: false,
-            tick: Duration::from_millis(1),
-            quick: false,
-        }
-    }
-
-    /// A shorter run for CI in debug builds: half the fault window and load, the same
-    /// fault kinds and checks.
-    pub fn quick(seed: u64) -> Self {
-        SimConfig {
-            clients: 2,
-            lock_clients: 1,
-            fault_window: Duration::from_secs(4),
-            faults: 4,
-            settle: Duration::from_secs(1),
-            tick: Duration::from_millis(2),
-            quick: true,
-            ..SimConfig::new(seed)
-        }
-    }
-
-    /// The one-line command that replays this run.
-    pub fn replay_command(&self) -> String {
-        // Bit-for-bit replay needs the same build flags as the run that failed.
-        let prefix = if cfg!(tokio_unstable) {
-            "RUSTFLAGS=\"--cfg tokio_unstable\" CARGO_TARGET_DIR=target/sim "
-        } else {
-            ""
-        };
-        let mut cmd = format!(
-            "{prefix}cargo run --release -p baton-sim -- replay --seed {} --members {}",
-            self.seed, self.members
-        );
-        if self.quick {
-            cmd.push_str(" --quick");
-        }
-        if self.lying_disks {
-            cmd.push_str(" --lying-disks");
-        }
-        cmd
-    }
-}
 
 /// What a passing run produced.
 #[derive(Debug, Clone)]
@@ -179,72 +90,6 @@ pub enum SimError {
     Liveness(String),
     #[error("replicas did not converge: {0}")]
     Convergence(String),
-}
-
-/// State shared by the harness, the members and the clients of one run.
-pub(crate) struct Ctx {
-    pub(crate) config: SimConfig,
-    dir: PathBuf,
-    pub(crate) history: Recorder,
-    pub(crate) watches: Vec<Mutex<Vec<WatchEvent>>>,
-    pub(crate) locks: Mutex<Vec<LockRecord>>,
-    nodes: Vec<Mutex<Option<Node>>>,
-    clocks: Vec<Arc<SimClock>>,
-    disks: Vec<Arc<SimDisk>>,
-    incarnations: Vec<AtomicU64>,
-    pub(crate) workload_end: Duration,
-    pub(crate) faults_end: Duration,
-    pub(crate) done: AtomicBool,
-    pub(crate) liveness: Mutex<Result<Duration, String>>,
-    trace: Mutex<u64>,
-    /// Log write paths of the members' incarnations that ended (see [`Outcome::wal`]).
-    wal: Mutex<WalWritePaths>,
-}
-
-impl Ctx {
-    /// Mixes one observation into the run's trace hash (FNV-1a).
-    pub(crate) fn trace(&self, line: String) {
-        let mut h = self.trace.lock();
-        for b in line.bytes().chain([b'\n']) {
-            *h ^= b as u64;
-            *h = h.wrapping_mul(0x100_0000_01b3);
-        }
-        tracing::debug!(target: "baton_sim::trace", "{line}");
-    }
-
-    /// Adds `node`'s log write paths to the run's.
-    fn tally_wal(&self, node: &Node) {
-        let p = node.wal_write_paths();
-        let mut w = self.wal.lock();
-        w.inline_ops += p.inline_ops;
-        w.loop_batches += p.loop_batches;
-        w.loop_ops += p.loop_ops;
-    }
-}
-
-/// A deterministic 64-bit mix of a seed and a stream id (SplitMix64's finalizer), so every
-/// member and client gets its own independent, reproducible randomness.
-pub fn mix(seed: u64, stream: u64) -> u64 {
-    let mut z = seed ^ stream.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-pub(crate) fn member_name(i: usize) -> String {
-    format!("m{}", i + 1)
-}
-
-/// etcd's prefix range end: the prefix with its last byte incremented.
-pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0]
 }
 
 /// One member's software, started by turmoil at the beginning and after every restart:
@@ -367,7 +212,7 @@ fn run_inner(config: &SimConfig) -> Result<Outcome, SimError> {
         faults_end,
         done: AtomicBool::new(false),
         liveness: Mutex::new(Err("the liveness probe did not finish".into())),
-        trace: Mutex::new(0xcbf2_9ce4_8422_2325),
+        trace_hash: Mutex::new(0xcbf2_9ce4_8422_2325),
         wal: Mutex::default(),
     });
 
@@ -771,7 +616,7 @@ fn judge(ctx: &Ctx, schedule: &[Scheduled], sim_time: Duration) -> Result<Outcom
         recovery,
         lock_holdings: lock_report.accepted_holdings,
         faults,
-        trace_hash: *ctx.trace.lock(),
+        trace_hash: *ctx.trace_hash.lock(),
         sim_time,
         wal: {
             for n in &nodes {

@@ -26,8 +26,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tonic::transport::Channel;
 
+use crate::config::CLIENT_PORT;
+use crate::ctx::{member_name, mix, Ctx};
+use crate::net;
 use crate::workload::now_ns;
-use crate::{member_name, net, Ctx, CLIENT_PORT};
 
 /// The lock every lock client contends for.
 pub(crate) const LOCK_NAME: &str = "lock/a";
@@ -90,7 +92,7 @@ async fn keep_alive(chan: Channel, id: i64, stop: Arc<AtomicBool>) {
 
 /// One lock client, until `ctx.workload_end`.
 pub(crate) async fn lock_client(ctx: Arc<Ctx>, client: usize) -> turmoil::Result {
-    let mut rng = StdRng::seed_from_u64(crate::mix(ctx.config.seed, 2000 + client as u64));
+    let mut rng = StdRng::seed_from_u64(mix(ctx.config.seed, 2000 + client as u64));
     let chans: Vec<Channel> = (0..ctx.config.members)
         .map(|i| net::client_channel(&member_name(i), CLIENT_PORT))
         .collect();

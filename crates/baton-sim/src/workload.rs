@@ -13,7 +13,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tonic::transport::Channel;
 
-use crate::{member_name, net, Ctx, CLIENT_PORT, KEY_PREFIX};
+use crate::config::{CLIENT_PORT, KEY_PREFIX};
+use crate::ctx::{member_name, mix, prefix_end, Ctx};
+use crate::net;
 
 /// How long a client waits for one answer before recording the outcome as unknown.
 const OP_TIMEOUT: Duration = Duration::from_secs(3);
@@ -32,7 +34,7 @@ pub(crate) fn now_ns() -> u64 {
 /// One KV client: a stream of puts, linearizable gets, deletes and CAS txns on a few keys,
 /// each sent to a random member, until `ctx.workload_end`.
 pub(crate) async fn kv_client(ctx: Arc<Ctx>, client: usize) -> turmoil::Result {
-    let mut rng = StdRng::seed_from_u64(crate::mix(ctx.config.seed, 1000 + client as u64));
+    let mut rng = StdRng::seed_from_u64(mix(ctx.config.seed, 1000 + client as u64));
     let chans = channels(ctx.config.members);
     let mut incarnation = 0u64;
     let mut n = 0u64;
@@ -193,7 +195,7 @@ pub(crate) async fn watcher(ctx: Arc<Ctx>, member: usize) -> turmoil::Result {
             request_union: Some(pb::watch_request::RequestUnion::CreateRequest(
                 pb::WatchCreateRequest {
                     key: KEY_PREFIX.as_bytes().to_vec(),
-                    range_end: crate::prefix_end(KEY_PREFIX.as_bytes()),
+                    range_end: prefix_end(KEY_PREFIX.as_bytes()),
                     start_revision: next,
                     ..Default::default()
                 },

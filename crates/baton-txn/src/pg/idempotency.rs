@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use tokio_postgres::{Client, Row, Transaction};
 
-use super::Schema;
+use super::schema::Schema;
 use crate::{Error, Fingerprint, IdempotencyKey, StoredResponse};
 
 /// Timing of the store.

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio_postgres::{Client, Transaction};
 
-use super::Schema;
+use super::schema::Schema;
 use crate::Error;
 
 /// Remembers which messages a consumer has applied, in the consumer's own transaction.

@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio_postgres::{Client, Row, Transaction};
 
-use super::Schema;
+use super::schema::Schema;
 use crate::Error;
 
 /// A message to enqueue: what the business transaction wants published once it commits.

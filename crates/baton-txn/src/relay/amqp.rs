@@ -13,7 +13,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
 use tokio::sync::Mutex;
 
-use super::{PublishError, Publisher, AGGREGATE_HEADER};
+use super::publisher::{PublishError, Publisher, AGGREGATE_HEADER};
 use crate::pg::OutboxMessage;
 
 /// AMQP delivery mode 2: the broker writes the message to disk (in a durable queue) before

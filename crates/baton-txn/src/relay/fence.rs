@@ -1,4 +1,6 @@
-//! [`PgFence`]: a fencing token checked by PostgreSQL in the relay's own progress transaction.
+//! What guards the relay's progress writes ([`Fence`]): nothing ([`NoFence`], one relay per
+//! outbox), or [`PgFence`], a fencing token checked by PostgreSQL in the relay's own progress
+//! transaction.
 //!
 //! Why in PostgreSQL, and why in the *same* transaction as the mark-sent: a lease (Baton's
 //! session) tells the relay when it *should* stop, but only a process that is running can act
@@ -30,11 +32,39 @@
 //! the new leader's first one: that is harmless (it marks as sent what the broker had
 //! acknowledged) and the new leader's later reads see it.
 
+use std::future::Future;
+
 use tokio_postgres::{Client, Transaction};
 
-use super::Fence;
 use crate::pg::Schema;
 use crate::Error;
+
+/// Guards the relay's progress writes (mark-sent, attempt counts) against a relay that is no
+/// longer the active one.
+///
+/// `check` runs inside the transaction that writes the progress, before the writes; an error
+/// rolls that transaction back and stops the relay with [`Error::Fenced`]. An implementation
+/// for several relays compares the relay's fencing token with a fence row in the same
+/// database and locks it (`SELECT … FOR SHARE` / `FOR UPDATE`) so that the check and the
+/// writes commit against the same token.
+pub trait Fence: Send + Sync {
+    /// `Ok` if this relay may still write; [`Error::Fenced`] otherwise.
+    fn check<'a>(
+        &'a self,
+        tx: &'a Transaction<'_>,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a;
+}
+
+/// No fence: for exactly one relay per outbox (one process, or an external guarantee that
+/// only one runs). It is *not* high availability: two relays with `NoFence` both write.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoFence;
+
+impl Fence for NoFence {
+    async fn check<'a>(&'a self, _tx: &'a Transaction<'_>) -> Result<(), Error> {
+        Ok(())
+    }
+}
 
 /// A relay's fencing token for one partition, checked and raised in PostgreSQL (table
 /// `<schema>.relay_fence`, created by [`Schema::migrate`]). See the module docs for why the

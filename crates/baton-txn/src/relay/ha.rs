@@ -32,7 +32,9 @@ use std::time::Duration;
 use baton_client::{Election, FencingToken, LostReason, Session, SessionOptions};
 use tokio_postgres::Client;
 
-use super::{PgFence, Publisher, Relay, RelayConfig};
+use super::engine::{Relay, RelayConfig};
+use super::fence::PgFence;
+use super::publisher::Publisher;
 use crate::pg::Outbox;
 use crate::Error;
 

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_nats::jetstream::{self, context::PublishErrorKind};
 use async_nats::HeaderMap;
 
-use super::{PublishError, Publisher, AGGREGATE_HEADER};
+use super::publisher::{PublishError, Publisher, AGGREGATE_HEADER};
 use crate::pg::OutboxMessage;
 
 /// Publishes to JetStream and waits for each message's publish ack.

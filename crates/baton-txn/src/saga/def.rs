@@ -12,7 +12,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::SagaError;
+use super::error::SagaError;
+use super::record::{Phase, SagaRecord, SagaStatus, StepRecord};
 
 /// A boxed, sendable future: actions are stored as trait objects, so one orchestrator can
 /// hold many definitions with different step types.
@@ -43,25 +44,6 @@ impl StepError {
     /// A [`StepError::Fatal`] with `e`'s text.
     pub fn fatal(e: impl fmt::Display) -> StepError {
         StepError::Fatal(e.to_string())
-    }
-}
-
-/// Which half of a step a call runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    /// The step's action (forward).
-    Action,
-    /// The step's compensation (backward).
-    Compensation,
-}
-
-impl fmt::Display for Phase {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Phase::Action => "action",
-            Phase::Compensation => "compensation",
-        })
     }
 }
 
@@ -539,6 +521,31 @@ where
 /// Encodes a saga's data for the log.
 pub(crate) fn encode_data<D: Serialize>(data: &D) -> Result<Value, SagaError> {
     serde_json::to_value(data).map_err(|e| SagaError::Definition(format!("data: {e}")))
+}
+
+impl<D: Serialize> SagaDef<D> {
+    /// The record of a new saga of this definition with `data`, running, started at `now`
+    /// (Unix ms).
+    pub(crate) fn new_record(&self, id: &str, data: &D, now: u64) -> Result<SagaRecord, SagaError> {
+        Ok(SagaRecord {
+            id: id.to_string(),
+            definition: self.name().to_string(),
+            data: encode_data(data)?,
+            status: SagaStatus::Running,
+            steps: self
+                .steps()
+                .iter()
+                .map(|s| StepRecord::pending(&s.name))
+                .collect(),
+            reason: None,
+            cancel_requested: false,
+            audit: Vec::new(),
+            created_ms: now,
+            updated_ms: now,
+            finished_ms: None,
+            orchestrator: None,
+        })
+    }
 }
 
 #[cfg(test)]

@@ -6,9 +6,9 @@
 
 use serde_json::{json, Value};
 
-use super::def::{CompensationPolicy, Jitter, Phase, RetryPolicy, SagaDef, StepCtx, StepError};
+use super::def::{CompensationPolicy, Jitter, RetryPolicy, SagaDef, StepCtx, StepError};
 use super::plan::{plan, Plan};
-use super::record::SagaRecord;
+use super::record::{Phase, SagaRecord};
 use super::transition::{transition, Driver, Event, Move, Outcome, Request};
 
 const T0: u64 = 1_700_000_000_000;
@@ -46,7 +46,7 @@ fn def() -> SagaDef<Value> {
 
 fn fresh(def: &SagaDef<Value>, id: &str) -> SagaRecord {
     let data = json!({"order": id, "cents": 1250, "items": ["a", "b"]});
-    SagaRecord::new(def, id, &data, T0).unwrap()
+    def.new_record(id, &data, T0).unwrap()
 }
 
 /// Applies `event` at `now`, which must change the record.

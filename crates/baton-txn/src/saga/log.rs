@@ -12,9 +12,9 @@ use futures_util::StreamExt;
 use serde::Serialize;
 
 use super::def::SagaDef;
+use super::error::SagaError;
 use super::record::SagaRecord;
 use super::transition::{transition, Event, Request};
-use super::SagaError;
 use crate::coordination::{
     check_namespace, create_open, decode, encode, now_ms, range, retry, LeaderFence, LogError,
 };
@@ -105,7 +105,7 @@ impl SagaLog {
         data: &D,
     ) -> Result<SagaRecord, SagaError> {
         check_id(id)?;
-        let record = SagaRecord::new(def, id, data, now_ms())?;
+        let record = def.new_record(id, data, now_ms())?;
         let key = self.key(id);
         let value = encode(&record);
         let Some(kv) = create_open(&self.client, &key, &value, &self.open_key(id)).await? else {

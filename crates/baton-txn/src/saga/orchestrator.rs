@@ -15,12 +15,12 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::task::JoinSet;
 
-use super::def::{CallCtx, DynSaga, Phase, SagaDef, StepSpec};
+use super::def::{CallCtx, DynSaga, SagaDef, StepSpec};
+use super::error::SagaError;
 use super::log::SagaLog;
 use super::plan::{plan, Plan};
-use super::record::{PhaseState, SagaRecord, SagaStatus};
+use super::record::{Phase, PhaseState, SagaRecord, SagaStatus};
 use super::transition::{transition, Driver, Event, Move, Outcome};
-use super::SagaError;
 use crate::coordination::{now_ms, LeaderFence, LogError};
 
 /// Settings of an [`Orchestrator`].

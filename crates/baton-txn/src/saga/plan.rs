@@ -3,8 +3,7 @@
 //! Read-only: `transition` makes the move (and checks, against the record it is given, that
 //! the move is still the plan).
 
-use super::def::Phase;
-use super::record::{PhaseState, SagaRecord, SagaStatus};
+use super::record::{Phase, PhaseState, SagaRecord, SagaStatus};
 
 /// The next thing to do for a saga.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -184,7 +183,7 @@ mod tests {
             ("compensated", |r| r.status = SagaStatus::Compensated, 0, Plan::Settled),
         ];
         for (name, given, now, want) in cases {
-            let mut r = SagaRecord::new(&def, "s1", &(), 0).unwrap();
+            let mut r = def.new_record("s1", &(), 0).unwrap();
             given(&mut r);
             assert_eq!(plan(&r, now), want, "{name}");
         }

@@ -3,11 +3,10 @@
 //! types say what a saga *is* and nothing about how it moves; the stored JSON of a step is
 //! `wire`'s.
 
+use std::fmt;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-
-use super::def::{encode_data, Phase, SagaDef};
-use super::SagaError;
 
 /// Where a saga stands.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -230,31 +229,21 @@ pub struct SagaRecord {
     pub orchestrator: Option<String>,
 }
 
-impl SagaRecord {
-    /// A new saga of `def` with `data`, running, started at `now` (Unix ms).
-    pub(crate) fn new<D: Serialize>(
-        def: &SagaDef<D>,
-        id: &str,
-        data: &D,
-        now: u64,
-    ) -> Result<Self, SagaError> {
-        Ok(SagaRecord {
-            id: id.to_string(),
-            definition: def.name().to_string(),
-            data: encode_data(data)?,
-            status: SagaStatus::Running,
-            steps: def
-                .steps()
-                .iter()
-                .map(|s| StepRecord::pending(&s.name))
-                .collect(),
-            reason: None,
-            cancel_requested: false,
-            audit: Vec::new(),
-            created_ms: now,
-            updated_ms: now,
-            finished_ms: None,
-            orchestrator: None,
+/// Which half of a step a call runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// The step's action (forward).
+    Action,
+    /// The step's compensation (backward).
+    Compensation,
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Phase::Action => "action",
+            Phase::Compensation => "compensation",
         })
     }
 }

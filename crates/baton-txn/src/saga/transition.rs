@@ -8,10 +8,12 @@
 
 use serde_json::Value;
 
-use super::def::{Phase, StepError, StepSpec};
+use super::def::{StepError, StepSpec};
+use super::error::SagaError;
 use super::plan::{plan, Plan};
-use super::record::{AuditEntry, OperatorAction, PhaseRecord, PhaseState, SagaRecord, SagaStatus};
-use super::SagaError;
+use super::record::{
+    AuditEntry, OperatorAction, Phase, PhaseRecord, PhaseState, SagaRecord, SagaStatus,
+};
 
 /// How one attempt ended.
 #[derive(Clone, Debug)]
@@ -726,7 +728,7 @@ mod tests {
                 Refused("saga record: saga s1 is stuck on step 1, which has no compensation")),
         ];
         for (name, given, event, then) in cases {
-            let mut before = SagaRecord::new(&def, "s1", &(), 0).unwrap();
+            let mut before = def.new_record("s1", &(), 0).unwrap();
             given(&mut before);
             let got = transition(&before, &event, NOW);
             match (then, got) {
