@@ -13,6 +13,7 @@
 
 pub mod baton_v1;
 pub mod cluster;
+pub mod conn;
 pub mod convert;
 pub mod election;
 pub mod errors;
@@ -26,6 +27,7 @@ pub mod maintenance;
 pub mod metrics_layer;
 pub mod recv_limit_layer;
 mod shared;
+pub mod tls;
 pub mod transport;
 pub mod v3lock;
 pub mod watch;
@@ -63,11 +65,12 @@ pub async fn serve_with_locks(
     });
 
     let mut tasks = tokio::task::JoinSet::new();
-    for addr in shared.config.client_addrs.clone() {
+    for client in shared.config.client_listeners.clone() {
+        let addr = client.addr;
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|source| ServeError::Bind { addr, source })?;
-        let incoming = transport::Incoming::new(listener);
+        let incoming = transport::Incoming::with_security(listener, client.security);
         let router = grpc_router(&shared, &locks);
         let mut stop = stop_rx.clone();
         tasks.spawn(async move {
@@ -95,7 +98,8 @@ pub async fn serve_with_locks(
         });
     }
     tracing::info!(
-        client = ?shared.config.client_addrs,
+        client = ?shared.config.client_listeners.iter().map(|l| l.addr).collect::<Vec<_>>(),
+        tls = ?shared.config.client_listeners.iter().map(|l| l.security.clone()).collect::<Vec<_>>(),
         metrics = ?shared.config.metrics_addrs,
         "serving"
     );

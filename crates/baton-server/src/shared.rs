@@ -10,13 +10,14 @@ use baton_proto::etcdserverpb as pb;
 use baton_raft::{Node, Proposed};
 use tonic::Status;
 
+use crate::conn::ClientListener;
 use crate::errors;
 
 /// What the server needs besides the replica.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Addresses to serve the etcd gRPC API on.
-    pub client_addrs: Vec<SocketAddr>,
+    /// Where to serve the etcd gRPC API, and whether in plain text, TLS or both.
+    pub client_listeners: Vec<ClientListener>,
     /// Addresses to serve `/metrics`, `/health` and `/version` on (in addition to nothing
     /// else: the gRPC port does not multiplex HTTP/1).
     pub metrics_addrs: Vec<SocketAddr>,

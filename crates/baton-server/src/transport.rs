@@ -35,10 +35,13 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures::Stream;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, Stream, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic::transport::server::Connected;
+
+use crate::conn::{self, ClientConnectInfo, ClientIo, Security};
 
 /// HTTP/2 connection-level receive window (and so, through h2's automatic budget of half of
 /// it, the room for unread tiny DATA frames; see the module documentation).
@@ -59,6 +62,9 @@ pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 /// The first and the longest pause after a failed accept (Go's `net/http`: 5 ms to 1 s).
 const ACCEPT_BACKOFF_FIRST: Duration = Duration::from_millis(5);
 const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// TLS handshakes in progress per listener; beyond it no connection is accepted until one
+/// completes (the backlog holds the rest), so silent clients cannot pile up without bound.
+const MAX_PENDING_HANDSHAKES: usize = 1024;
 
 /// The tonic server builder with the client port's HTTP/2 settings.
 pub fn server_builder(max_concurrent_streams: u32) -> tonic::transport::Server {
@@ -72,10 +78,16 @@ pub fn server_builder(max_concurrent_streams: u32) -> tonic::transport::Server {
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
 }
 
+type Handshake = Pin<Box<dyn Future<Output = Option<RecordedStream>> + Send>>;
+
 /// Accepted connections of one listener, for tonic's `serve_with_incoming*`: TCP_NODELAY and
-/// keep-alive set, accept errors backed off, each connection's GOAWAYs recorded.
+/// keep-alive set, accept errors backed off, TLS established where the listener's
+/// [`Security`] asks for it (handshakes run concurrently, polled here beside `accept`), each
+/// connection's GOAWAYs recorded.
 pub struct Incoming {
     listener: TcpListener,
+    security: Security,
+    handshakes: FuturesUnordered<Handshake>,
     /// Set while backing off after a failed accept.
     pause: Option<Pin<Box<tokio::time::Sleep>>>,
     backoff: Duration,
@@ -84,16 +96,25 @@ pub struct Incoming {
 }
 
 impl Incoming {
+    /// A plain-text listener.
     pub fn new(listener: TcpListener) -> Self {
+        Incoming::with_security(listener, Security::Plain)
+    }
+
+    pub fn with_security(listener: TcpListener, security: Security) -> Self {
         Incoming {
             listener,
+            security,
+            handshakes: FuturesUnordered::new(),
             pause: None,
             backoff: ACCEPT_BACKOFF_FIRST,
             failures: 0,
         }
     }
 
-    fn accepted(&mut self, stream: TcpStream, peer: SocketAddr) -> RecordedStream {
+    /// Configures an accepted socket; a plain one is ready at once, a TLS one after its
+    /// handshake (queued).
+    fn accepted(&mut self, stream: TcpStream, peer: SocketAddr) -> Option<RecordedStream> {
         if self.failures > 0 {
             tracing::warn!(
                 failures = self.failures,
@@ -107,10 +128,15 @@ impl Incoming {
         let _ = stream.set_nodelay(true);
         let _ = socket2::SockRef::from(&stream)
             .set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(Duration::from_secs(60)));
-        RecordedStream {
-            inner: stream,
-            recorder: GoAwayRecorder::new(peer),
+        if let Security::Plain = self.security {
+            return Some(RecordedStream::new(ClientIo::Plain(stream), peer));
         }
+        let security = self.security.clone();
+        self.handshakes.push(Box::pin(
+            conn::establish(stream, peer, security)
+                .map(move |io| io.map(|io| RecordedStream::new(io, peer))),
+        ));
+        None
     }
 
     fn failed(&mut self, error: &io::Error) -> Duration {
@@ -147,6 +173,15 @@ impl Stream for Incoming {
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
         loop {
+            // Finished handshakes first (a failed one was dropped and counted).
+            while let Poll::Ready(Some(done)) = this.handshakes.poll_next_unpin(cx) {
+                if let Some(stream) = done {
+                    return Poll::Ready(Some(Ok(stream)));
+                }
+            }
+            if this.handshakes.len() >= MAX_PENDING_HANDSHAKES {
+                return Poll::Pending;
+            }
             if let Some(pause) = this.pause.as_mut() {
                 if pause.as_mut().poll(cx).is_pending() {
                     return Poll::Pending;
@@ -156,7 +191,9 @@ impl Stream for Incoming {
             match this.listener.poll_accept(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Ok((stream, peer))) => {
-                    return Poll::Ready(Some(Ok(this.accepted(stream, peer))))
+                    if let Some(ready) = this.accepted(stream, peer) {
+                        return Poll::Ready(Some(Ok(ready)));
+                    }
                 }
                 Poll::Ready(Err(e)) => {
                     let pause = this.failed(&e);
@@ -167,17 +204,29 @@ impl Stream for Incoming {
     }
 }
 
-/// An accepted TCP connection whose outgoing HTTP/2 frames are watched for GOAWAY.
+/// An accepted client connection whose outgoing HTTP/2 frames are watched for GOAWAY (read
+/// above TLS, where the frames are plain).
 pub struct RecordedStream {
-    inner: TcpStream,
+    inner: ClientIo,
     recorder: GoAwayRecorder,
+    info: ClientConnectInfo,
+}
+
+impl RecordedStream {
+    fn new(inner: ClientIo, peer: SocketAddr) -> Self {
+        RecordedStream {
+            info: inner.connect_info(),
+            inner,
+            recorder: GoAwayRecorder::new(peer),
+        }
+    }
 }
 
 impl Connected for RecordedStream {
-    type ConnectInfo = TcpConnectInfo;
+    type ConnectInfo = ClientConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.inner.connect_info()
+        self.info.clone()
     }
 }
 

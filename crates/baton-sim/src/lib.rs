@@ -126,7 +126,7 @@ async fn member_main(ctx: Arc<Ctx>, i: usize) -> turmoil::Result {
     let shared = Shared {
         node,
         config: ServerConfig {
-            client_addrs: Vec::new(),
+            client_listeners: Vec::new(),
             metrics_addrs: Vec::new(),
             min_lease_ttl_s: 2,
             watch_progress_interval: Duration::from_secs(600),

@@ -38,7 +38,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a Baton member (etcd-style flags).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     // No doc comments here: they would replace the subcommands' own (longer) help.
     Kv(cli::kv::KvArgs),
     Lease(cli::lease::LeaseArgs),
@@ -63,7 +63,7 @@ fn main() -> Result<()> {
     }
     let runtime = builder.build().context("starting the async runtime")?;
     match cli.command {
-        Command::Serve(args) => runtime.block_on(serve::serve(args)),
+        Command::Serve(args) => runtime.block_on(serve::serve(*args)),
         // The client commands decide their own exit status (the command's, or one of the
         // documented codes), so they report errors themselves and exit here.
         Command::Kv(args) => std::process::exit(runtime.block_on(cli::kv::run(args))),

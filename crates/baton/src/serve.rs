@@ -7,6 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use baton_server::conn::{ClientListener, Security};
+use baton_server::tls;
 use clap::Args;
 
 /// How often queued histogram samples are folded into their buckets (see `serve`).
@@ -31,7 +33,9 @@ pub struct ServeArgs {
     /// Directory for the Raft log, snapshots and member identity. Created if missing.
     #[arg(long, default_value = "./baton-data")]
     data_dir: PathBuf,
-    /// Comma-separated URLs to serve the etcd gRPC API on (plain http only for now).
+    /// Comma-separated URLs to serve the etcd gRPC API on: `http://` in plain text,
+    /// `https://` with TLS (`--cert-file` and `--key-file`, or `--auto-tls`); one host:port
+    /// may be given with both schemes and then serves both, as etcd's does.
     #[arg(long, default_value = "http://127.0.0.1:2379")]
     listen_client_urls: String,
     /// Comma-separated client URLs to advertise in the member list (default: the listen URLs).
@@ -103,6 +107,29 @@ pub struct ServeArgs {
     /// windows whatever the stream count (`baton_server::transport`).
     #[arg(long, default_value_t = baton_server::transport::DEFAULT_MAX_CONCURRENT_STREAMS, value_parser = clap::value_parser!(u32).range(1..))]
     max_concurrent_streams: u32,
+    /// The client port's TLS certificate (PEM), for `https://` client URLs.
+    #[arg(long)]
+    cert_file: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long)]
+    key_file: Option<PathBuf>,
+    /// CAs (PEM) that client certificates must chain to, with `--client-cert-auth`.
+    #[arg(long)]
+    trusted_ca_file: Option<PathBuf>,
+    /// Require a client certificate signed by `--trusted-ca-file` on `https://` client URLs.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
+    client_cert_auth: bool,
+    /// Serve `https://` client URLs with a self-signed certificate made at start (kept in
+    /// `<data-dir>/fixtures/client`), when `--cert-file`/`--key-file` are not given.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
+    auto_tls: bool,
+    /// Revoked client certificates (a CRL, DER or PEM), with `--client-cert-auth`.
+    #[arg(long)]
+    client_crl_file: Option<PathBuf>,
+    /// Comma-separated TLS 1.2 cipher suites (Go's names, as etcd's flag) to allow on the
+    /// client port; given, the port speaks TLS 1.2 only, with exactly these.
+    #[arg(long)]
+    cipher_suites: Option<String>,
     /// Log filter (tracing's env-filter syntax), e.g. `info` or `baton_raft=debug`.
     #[arg(long, default_value = "info,openraft=warn")]
     log_level: String,
@@ -123,22 +150,107 @@ fn split_urls(list: &str) -> Vec<String> {
         .collect()
 }
 
-/// `http://host:port` → a socket address. TLS is not offered yet, so `https` is refused
-/// rather than served in plain text.
+/// `http://host:port` → a socket address, for the URLs that are plain text only (peer and
+/// metrics URLs: TLS there is not offered yet, so `https` is refused rather than served in
+/// plain text).
 fn url_to_addr(url: &str) -> Result<SocketAddr> {
-    let rest = if let Some(rest) = url.strip_prefix("http://") {
-        rest
-    } else if url.starts_with("https://") {
-        bail!("{url}: TLS is not supported yet; use an http:// URL");
+    match parse_url(url)? {
+        (false, addr, _) => Ok(addr),
+        (true, _, _) => bail!("{url}: TLS is not supported here yet; use an http:// URL"),
+    }
+}
+
+/// `http(s)://host:port` → (TLS?, the socket address, the host as written).
+fn parse_url(url: &str) -> Result<(bool, SocketAddr, String)> {
+    let (tls, rest) = if let Some(rest) = url.strip_prefix("http://") {
+        (false, rest)
+    } else if let Some(rest) = url.strip_prefix("https://") {
+        (true, rest)
     } else {
         bail!("{url}: expected a URL like http://127.0.0.1:2379");
     };
     let hostport = rest.trim_end_matches('/');
-    hostport
+    let addr = hostport
         .to_socket_addrs()
         .with_context(|| format!("{url}: cannot resolve"))?
         .next()
-        .with_context(|| format!("{url}: no address"))
+        .with_context(|| format!("{url}: no address"))?;
+    let host = match hostport.rsplit_once(':') {
+        Some((host, _)) => host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string(),
+        None => hostport.to_string(),
+    };
+    Ok((tls, addr, host))
+}
+
+/// The client listeners for `--listen-client-urls`: each address plain, TLS or both, with the
+/// TLS configuration the flags describe (built only if some URL is `https://`).
+fn client_listeners(args: &ServeArgs, urls: &[String]) -> Result<Vec<ClientListener>> {
+    let mut by_addr: Vec<(SocketAddr, bool, bool)> = Vec::new();
+    let mut tls_hosts = Vec::new();
+    for url in urls {
+        let (tls, addr, host) = parse_url(url)?;
+        let entry = match by_addr.iter_mut().find(|(a, _, _)| *a == addr) {
+            Some(e) => e,
+            None => {
+                by_addr.push((addr, false, false));
+                by_addr.last_mut().expect("just pushed")
+            }
+        };
+        if tls {
+            entry.2 = true;
+            tls_hosts.push(host);
+        } else {
+            entry.1 = true;
+        }
+    }
+    let config = if tls_hosts.is_empty() {
+        None
+    } else {
+        Some(client_tls(args, &tls_hosts)?)
+    };
+    Ok(by_addr
+        .into_iter()
+        .map(|(addr, plain, tls)| {
+            let security = match (&config, plain, tls) {
+                (Some(c), true, true) => Security::Both(c.clone()),
+                (Some(c), false, true) => Security::Tls(c.clone()),
+                _ => Security::Plain,
+            };
+            ClientListener { addr, security }
+        })
+        .collect())
+}
+
+/// The client port's TLS configuration from etcd's flags.
+fn client_tls(args: &ServeArgs, hosts: &[String]) -> Result<Arc<tls::ServerConfig>> {
+    let (cert_file, key_file) = match (&args.cert_file, &args.key_file) {
+        (Some(c), Some(k)) => (c.clone(), k.clone()),
+        (None, None) if args.auto_tls => {
+            let dir = args.data_dir.join("fixtures").join("client");
+            let (c, k) = tls::self_signed(&dir, hosts)?;
+            tracing::info!(cert = %c.display(), "--auto-tls: serving https client URLs with a self-signed certificate");
+            (c, k)
+        }
+        _ => {
+            bail!("https client URLs need --cert-file and --key-file (or --auto-tls without them)")
+        }
+    };
+    let settings = tls::TlsSettings {
+        cert_file: Some(cert_file),
+        key_file: Some(key_file),
+        trusted_ca_file: args.trusted_ca_file.clone(),
+        client_cert_auth: args.client_cert_auth,
+        crl_file: args.client_crl_file.clone(),
+        cipher_suites: args
+            .cipher_suites
+            .as_deref()
+            .map(split_urls)
+            .unwrap_or_default(),
+    };
+    Ok(tls::server_config(&settings)?)
 }
 
 pub async fn serve(args: ServeArgs) -> Result<()> {
@@ -150,10 +262,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         .init();
 
     let listen_client = split_urls(&args.listen_client_urls);
-    let client_addrs = listen_client
-        .iter()
-        .map(|u| url_to_addr(u))
-        .collect::<Result<Vec<_>>>()?;
+    let client_listeners = client_listeners(&args, &listen_client)?;
     let metrics_addrs = split_urls(&args.listen_metrics_urls)
         .iter()
         .map(|u| url_to_addr(u))
@@ -241,7 +350,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
     let shared = baton_server::Shared {
         node: node.clone(),
         config: baton_server::ServerConfig {
-            client_addrs,
+            client_listeners,
             metrics_addrs,
             min_lease_ttl_s,
             watch_progress_interval: Duration::from_secs(

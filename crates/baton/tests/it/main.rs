@@ -23,3 +23,4 @@ mod leases_failover;
 mod lock_cli;
 mod membership;
 mod steady_state;
+mod tls;

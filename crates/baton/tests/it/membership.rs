@@ -203,6 +203,7 @@ fn start_joiner(
         .map(|s| s.to_string())
         .collect(),
         nofile_limit: None,
+        client_urls: None,
     };
     b.spawn();
     b

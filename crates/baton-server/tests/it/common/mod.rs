@@ -38,7 +38,7 @@ impl Server {
         let shared = Shared {
             node: node.clone(),
             config: ServerConfig {
-                client_addrs: vec![addr],
+                client_listeners: vec![baton_server::conn::ClientListener::plain(addr)],
                 metrics_addrs: Vec::new(),
                 min_lease_ttl_s: 1,
                 watch_progress_interval: Duration::from_secs(600),

@@ -28,6 +28,8 @@ pub struct Baton {
     pub extra_args: Vec<String>,
     /// `ulimit -n` of the server process (None: inherited).
     pub nofile_limit: Option<u64>,
+    /// `--listen-client-urls` with `{port}` for the client port (None: plain http).
+    pub client_urls: Option<String>,
 }
 
 impl Baton {
@@ -45,6 +47,21 @@ impl Baton {
 
     /// Like [`Baton::start_with`], with the server's descriptor limit (`ulimit -n`) set.
     pub fn start_limited(data_dir: &Path, extra_args: &[&str], nofile_limit: Option<u64>) -> Baton {
+        Baton::start_full(data_dir, extra_args, nofile_limit, None)
+    }
+
+    /// Like [`Baton::start_with`], serving the client port on `client_urls` (`{port}`
+    /// stands for the port), e.g. `https://127.0.0.1:{port}`.
+    pub fn start_on(data_dir: &Path, client_urls: &str, extra_args: &[&str]) -> Baton {
+        Baton::start_full(data_dir, extra_args, None, Some(client_urls.to_string()))
+    }
+
+    fn start_full(
+        data_dir: &Path,
+        extra_args: &[&str],
+        nofile_limit: Option<u64>,
+        client_urls: Option<String>,
+    ) -> Baton {
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -56,6 +73,7 @@ impl Baton {
                 peer_port: free_port_below_ephemeral(),
                 extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
                 nofile_limit,
+                client_urls: client_urls.clone(),
             };
             match b.try_spawn() {
                 Ok(()) => return b,
@@ -111,7 +129,10 @@ impl Baton {
             .arg("--data-dir")
             .arg(&self.data_dir)
             .arg("--listen-client-urls")
-            .arg(format!("http://127.0.0.1:{}", self.client_port))
+            .arg(match &self.client_urls {
+                Some(urls) => urls.replace("{port}", &self.client_port.to_string()),
+                None => format!("http://127.0.0.1:{}", self.client_port),
+            })
             .arg("--listen-metrics-urls")
             .arg(format!("http://127.0.0.1:{}", self.metrics_port))
             .arg("--listen-peer-urls")
@@ -267,6 +288,7 @@ impl Cluster {
                     peer_port: *port,
                     extra_args: args,
                     nofile_limit: None,
+                    client_urls: None,
                 }
             })
             .collect();

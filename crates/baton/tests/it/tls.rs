@@ -1,0 +1,206 @@
+//! TLS on the client port with etcd's flags, checked with Debian's etcdctl and etcd's own
+//! test certificates (`integration/fixtures` of golang-etcd-server-dev, which
+//! `scripts/install-deps` installs): `https://` URLs, `--client-cert-auth` with a trusted CA,
+//! a revocation list, `http` and `https` on one port, `--auto-tls`, and the refusals.
+
+use std::path::Path;
+
+use crate::common::{baton_cmd, etcdctl, Baton, Out};
+
+const FIXTURES: &str = "/usr/share/gocode/src/go.etcd.io/etcd/integration/fixtures";
+
+fn fixture(name: &str) -> String {
+    let path = Path::new(FIXTURES).join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: install Debian's golang-etcd-server-dev (scripts/install-deps does)",
+        path.display()
+    );
+    path.to_string_lossy().into_owned()
+}
+
+fn server_cert_args() -> Vec<String> {
+    vec![
+        "--cert-file".into(),
+        fixture("server.crt"),
+        "--key-file".into(),
+        fixture("server.key.insecure"),
+    ]
+}
+
+fn args(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// etcdctl over TLS to `https://127.0.0.1:<port>` with `tls` flags.
+fn tls_ctl(b: &Baton, tls: &[String], cmd: &[&str]) -> Out {
+    let mut all: Vec<&str> = args(tls);
+    all.extend_from_slice(cmd);
+    etcdctl(&format!("https://127.0.0.1:{}", b.client_port), &all, None)
+}
+
+fn ok(out: &Out) -> &str {
+    assert_eq!(out.code, 0, "etcdctl failed: {}{}", out.stdout, out.stderr);
+    &out.stdout
+}
+
+#[test]
+fn https_client_urls_serve_etcdctl_over_tls_and_refuse_plain_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Baton::start_on(
+        &dir.path().join("m"),
+        "https://127.0.0.1:{port}",
+        &args(&server_cert_args()),
+    );
+    let ca = vec!["--cacert".to_string(), fixture("ca.crt")];
+    assert_eq!(ok(&tls_ctl(&b, &ca, &["put", "k", "v"])).trim(), "OK");
+    assert_eq!(
+        ok(&tls_ctl(&b, &ca, &["get", "k", "--print-value-only"])).trim(),
+        "v"
+    );
+    // A plain-text client gets nothing from a TLS-only port.
+    let plain = etcdctl(&b.url(), &["get", "k"], None);
+    assert_ne!(plain.code, 0, "plain text on a TLS port: {plain:?}");
+    // Nor does a client that does not trust the server's CA.
+    let untrusted = etcdctl(
+        &format!("https://127.0.0.1:{}", b.client_port),
+        &["--cacert", &fixture("server2.crt"), "get", "k"],
+        None,
+    );
+    assert_ne!(
+        untrusted.code, 0,
+        "an untrusted server certificate was accepted"
+    );
+}
+
+#[test]
+fn client_cert_auth_takes_only_trusted_unrevoked_certificates() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut flags = server_cert_args();
+    flags.extend([
+        "--trusted-ca-file".into(),
+        fixture("ca.crt"),
+        "--client-cert-auth".into(),
+        "--client-crl-file".into(),
+        fixture("revoke.crl"),
+    ]);
+    let b = Baton::start_on(
+        &dir.path().join("m"),
+        "https://127.0.0.1:{port}",
+        &args(&flags),
+    );
+    let ca = vec!["--cacert".to_string(), fixture("ca.crt")];
+    let no_cert = tls_ctl(&b, &ca, &["put", "k", "v"]);
+    assert_ne!(no_cert.code, 0, "a client without a certificate was served");
+    let with_cert = [
+        ca.clone(),
+        vec![
+            "--cert".into(),
+            fixture("server.crt"),
+            "--key".into(),
+            fixture("server.key.insecure"),
+        ],
+    ]
+    .concat();
+    assert_eq!(
+        ok(&tls_ctl(&b, &with_cert, &["put", "k", "v"])).trim(),
+        "OK"
+    );
+    // The revoked certificate (in revoke.crl) is refused.
+    let revoked = [
+        ca,
+        vec![
+            "--cert".into(),
+            fixture("server-revoked.crt"),
+            "--key".into(),
+            fixture("server-revoked.key.insecure"),
+        ],
+    ]
+    .concat();
+    let out = tls_ctl(&b, &revoked, &["get", "k"]);
+    assert_ne!(out.code, 0, "a revoked client certificate was served");
+    let log = b.log();
+    assert!(
+        !log.contains("BEGIN"),
+        "key or certificate material in the log"
+    );
+}
+
+#[test]
+fn one_port_serves_http_and_https() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Baton::start_on(
+        &dir.path().join("m"),
+        "http://127.0.0.1:{port},https://127.0.0.1:{port}",
+        &args(&server_cert_args()),
+    );
+    ok(&etcdctl(&b.url(), &["put", "plain", "1"], None));
+    let ca = vec!["--cacert".to_string(), fixture("ca.crt")];
+    assert_eq!(
+        ok(&tls_ctl(&b, &ca, &["get", "plain", "--print-value-only"])).trim(),
+        "1"
+    );
+}
+
+#[test]
+fn auto_tls_serves_a_self_signed_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("m");
+    let b = Baton::start_on(&data, "https://127.0.0.1:{port}", &["--auto-tls"]);
+    assert!(data.join("fixtures/client/cert.pem").exists());
+    let skip = vec![
+        "--insecure-transport=false".to_string(),
+        "--insecure-skip-tls-verify".to_string(),
+    ];
+    assert_eq!(ok(&tls_ctl(&b, &skip, &["put", "a", "b"])).trim(), "OK");
+    // The self-signed certificate is not trusted by a client that verifies.
+    let verify = tls_ctl(
+        &b,
+        &["--cacert".to_string(), fixture("ca.crt")],
+        &["get", "a"],
+    );
+    assert_ne!(verify.code, 0);
+}
+
+#[test]
+fn tls_flags_that_cannot_work_are_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec![], "need --cert-file and --key-file"),
+        (
+            [server_cert_args(), vec!["--client-cert-auth".into()]].concat(),
+            "--client-cert-auth needs --trusted-ca-file",
+        ),
+        (
+            [
+                server_cert_args(),
+                vec!["--cipher-suites".into(), "TLS_NO_SUCH_SUITE".into()],
+            ]
+            .concat(),
+            "unknown cipher suite",
+        ),
+        (
+            vec![
+                "--cert-file".into(),
+                fixture("server.crt"),
+                "--key-file".into(),
+                fixture("server.crt"),
+            ],
+            "--key-file",
+        ),
+    ];
+    for (i, (flags, want)) in cases.into_iter().enumerate() {
+        let out = baton_cmd()
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(dir.path().join(format!("d{i}")))
+            .arg("--listen-client-urls")
+            .arg("https://127.0.0.1:0")
+            .args(&flags)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "case {i} started");
+        assert!(stderr.contains(want), "case {i}: want {want:?} in {stderr}");
+    }
+}
