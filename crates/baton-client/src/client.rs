@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use baton_proto::baton::v1::{lock_client::LockClient, InspectRequest};
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::Code;
 
-use crate::config::{ClientConfig, ServerKind};
+use crate::config::{ClientConfig, ServerKind, TlsConfig};
 use crate::error::{Error, Result};
 use crate::util::{backoff, until};
 
@@ -54,6 +54,8 @@ impl std::fmt::Debug for Client {
 
 pub(crate) struct Inner {
     pub(crate) config: ClientConfig,
+    /// Used for the `https://` endpoints.
+    tls: ClientTlsConfig,
     urls: Vec<String>,
     current: std::sync::Mutex<Option<Conn>>,
     connecting: tokio::sync::Mutex<()>,
@@ -118,36 +120,69 @@ const KIND_UNKNOWN: u8 = 0;
 const KIND_BATON: u8 = 1;
 const KIND_ETCD: u8 = 2;
 
-fn normalize(endpoint: &str) -> String {
+/// An endpoint as a URL: as given with a scheme, else `https://` with TLS configured and
+/// `http://` without.
+fn normalize(endpoint: &str, tls: bool) -> String {
     if endpoint.starts_with("http://") || endpoint.starts_with("https://") {
         endpoint.to_string()
+    } else if tls {
+        format!("https://{endpoint}")
     } else {
         format!("http://{endpoint}")
     }
+}
+
+/// tonic's TLS configuration for `tls` (the files read now, so a bad path fails `connect`).
+fn tls_config(tls: Option<&TlsConfig>) -> Result<ClientTlsConfig> {
+    let read = |what: &str, path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| Error::Tls(format!("{what} {}: {e}", path.display())))
+    };
+    let mut config = ClientTlsConfig::new();
+    let Some(tls) = tls else {
+        return Ok(config.with_native_roots());
+    };
+    config = match &tls.ca_file {
+        Some(ca) => config.ca_certificate(Certificate::from_pem(read("CA file", ca)?)),
+        None => config.with_native_roots(),
+    };
+    match (&tls.cert_file, &tls.key_file) {
+        (Some(cert), Some(key)) => {
+            let identity = Identity::from_pem(read("certificate", cert)?, read("key", key)?);
+            config = config.identity(identity);
+        }
+        (None, None) => {}
+        _ => {
+            return Err(Error::Config(
+                "a client certificate needs both its certificate and its key file".into(),
+            ))
+        }
+    }
+    if let Some(name) = &tls.server_name {
+        config = config.domain_name(name.clone());
+    }
+    Ok(config)
 }
 
 impl Client {
     /// Validates `config` and connects to the first endpoint that answers (so a wrong
     /// address fails here, not at the first call).
     pub async fn connect(config: ClientConfig) -> Result<Client> {
-        if config.tls.is_some() {
-            return Err(Error::TlsUnsupported);
-        }
         if config.endpoints.is_empty() {
             return Err(Error::Config("no endpoints given".into()));
         }
-        if let Some(e) = config.endpoints.iter().find(|e| e.starts_with("https://")) {
-            return Err(Error::Config(format!(
-                "{e}: https endpoints need TLS, which this build does not support"
-            )));
-        }
+        let tls = tls_config(config.tls.as_ref())?;
         if config.request_timeout.is_zero() || config.connect_timeout.is_zero() {
             return Err(Error::Config("timeouts must be positive".into()));
         }
-        let urls = config.endpoints.iter().map(|e| normalize(e)).collect();
+        let urls = config
+            .endpoints
+            .iter()
+            .map(|e| normalize(e, config.tls.is_some()))
+            .collect();
         let client = Client {
             inner: Arc::new(Inner {
                 config,
+                tls,
                 urls,
                 current: std::sync::Mutex::new(None),
                 connecting: tokio::sync::Mutex::new(()),
@@ -243,6 +278,17 @@ impl Client {
                     last_error = format!("{url}: {e}");
                     continue;
                 }
+            };
+            let endpoint = if url.starts_with("https://") {
+                match endpoint.tls_config(self.inner.tls.clone()) {
+                    Ok(e) => e,
+                    Err(e) => {
+                        last_error = format!("{url}: TLS: {e}");
+                        continue;
+                    }
+                }
+            } else {
+                endpoint
             };
             match tokio::time::timeout(timeout, endpoint.connect()).await {
                 Ok(Ok(channel)) => {

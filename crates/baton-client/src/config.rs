@@ -27,10 +27,10 @@ pub struct ClientConfig {
     /// put, ...). Calls that wait by design (acquiring a lock, campaigning, watching) have
     /// no deadline unless the caller gives one, because waiting *is* their answer.
     pub request_timeout: Duration,
-    /// TLS settings. Baton serves plain HTTP/2 today and this build links no TLS stack, so
-    /// setting this makes [`crate::Client::connect`] fail with
-    /// [`crate::Error::TlsUnsupported`] instead of silently talking in plain text. The
-    /// fields are here so configuration files and callers need not change when TLS lands.
+    /// TLS settings: set, every endpoint is dialled with TLS (one without a scheme as
+    /// `https://`), the server verified against [`TlsConfig::ca_file`] (else the system's
+    /// roots), with a client certificate if one is given. An `https://` endpoint uses TLS
+    /// with the system's roots even without it.
     pub tls: Option<TlsConfig>,
     /// Which server API the recipes use; [`ServerKind::Auto`] asks the server once.
     pub server_kind: ServerKind,
@@ -65,7 +65,7 @@ impl ClientConfig {
         self
     }
 
-    /// Sets [`ClientConfig::tls`] (which this build refuses; see there).
+    /// Sets [`ClientConfig::tls`].
     pub fn with_tls(mut self, tls: TlsConfig) -> Self {
         self.tls = Some(tls);
         self
@@ -79,8 +79,6 @@ impl ClientConfig {
 }
 
 /// TLS material, by file path (PEM), as etcd's `--cacert/--cert/--key` flags take it.
-///
-/// Not supported by this build: see [`ClientConfig::tls`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct TlsConfig {

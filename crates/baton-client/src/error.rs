@@ -16,10 +16,10 @@ pub enum Error {
     /// The configuration cannot work (no endpoints, a TTL too short for its margin, ...).
     #[error("invalid configuration: {0}")]
     Config(String),
-    /// [`crate::ClientConfig::tls`] was set. Baton serves plain HTTP/2 today and this build
-    /// links no TLS stack; failing is more honest than silently connecting in plain text.
-    #[error("TLS not supported by this build (Baton serves plain HTTP/2 for now)")]
-    TlsUnsupported,
+    /// The TLS material of [`crate::ClientConfig::tls`] cannot be used: a file unreadable or
+    /// not PEM (the path is named; a key's content never is).
+    #[error("TLS: {0}")]
+    Tls(String),
     /// No endpoint accepted a connection.
     #[error("no endpoint reachable (tried {endpoints:?}): {last_error}")]
     Unreachable {

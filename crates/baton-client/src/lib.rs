@@ -133,8 +133,9 @@
 //!
 //! # Not in this build
 //!
-//! - TLS: [`ClientConfig::tls`] exists, and setting it fails with
-//!   [`Error::TlsUnsupported`] (Baton serves plain HTTP/2 for now).
+//! - Skipping the server certificate's verification (etcdctl's
+//!   `--insecure-skip-tls-verify`): TLS always verifies, against [`TlsConfig::ca_file`] or
+//!   the system's roots.
 //! - Automatic retries of plain KV writes after `Unavailable`: such a write may have been
 //!   applied, so [`Client::put`] and friends do not retry it; use [`ExactlyOnce`] (Baton
 //!   only) for writes that must survive a failover.

@@ -172,8 +172,13 @@ async fn revoked_lease_expires_the_session_at_once(t: Target) {
 
 #[tokio::test]
 async fn configuration_is_checked() {
-    let tls = Client::connect(ClientConfig::new(["127.0.0.1:1"]).with_tls(TlsConfig::new())).await;
-    assert!(matches!(tls, Err(Error::TlsUnsupported)), "{tls:?}");
+    let mut missing = TlsConfig::new();
+    missing.ca_file = Some("/nonexistent/ca.crt".into());
+    let tls = Client::connect(ClientConfig::new(["127.0.0.1:1"]).with_tls(missing)).await;
+    assert!(
+        matches!(&tls, Err(Error::Tls(m)) if m.contains("/nonexistent/ca.crt")),
+        "{tls:?}"
+    );
     let none = Client::connect(ClientConfig::new(Vec::<String>::new())).await;
     assert!(matches!(none, Err(Error::Config(_))), "{none:?}");
 

@@ -1,7 +1,10 @@
-//! Arguments the client commands share: where Baton is, and durations as people write them.
+//! Arguments the client commands share: where Baton is, how to reach it over TLS, and
+//! durations as people write them.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
+use baton_client::{ClientConfig, TlsConfig};
 use clap::Args;
 
 /// Where to find Baton. Shared by the client commands.
@@ -16,6 +19,57 @@ pub struct EndpointArgs {
         value_delimiter = ','
     )]
     pub endpoints: Vec<String>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+impl EndpointArgs {
+    /// A client configuration for `endpoints` with these flags' TLS settings.
+    pub fn config(&self, endpoints: Vec<String>) -> ClientConfig {
+        self.tls.apply(ClientConfig::new(endpoints))
+    }
+}
+
+/// etcdctl's TLS flags. Any of them makes endpoints without a scheme `https://`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct TlsArgs {
+    /// Verify the server's TLS certificate with this CA bundle (PEM) [default: the
+    /// system's roots].
+    #[arg(long, id = "tls_cacert", value_name = "FILE", global = true)]
+    pub cacert: Option<PathBuf>,
+    /// Client certificate (PEM), for servers that require one (`--client-cert-auth`).
+    // The ids are not the flag names: `key` is also a positional of `baton kv put`.
+    #[arg(
+        long = "cert",
+        id = "tls_cert",
+        value_name = "FILE",
+        global = true,
+        requires = "tls_key"
+    )]
+    pub cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(
+        long = "key",
+        id = "tls_key",
+        value_name = "FILE",
+        global = true,
+        requires = "tls_cert"
+    )]
+    pub key: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// `config` with these TLS settings, if any flag is given.
+    pub fn apply(&self, config: ClientConfig) -> ClientConfig {
+        if self.cacert.is_none() && self.cert.is_none() && self.key.is_none() {
+            return config;
+        }
+        let mut tls = TlsConfig::new();
+        tls.ca_file = self.cacert.clone();
+        tls.cert_file = self.cert.clone();
+        tls.key_file = self.key.clone();
+        config.with_tls(tls)
+    }
 }
 
 /// Parses a human duration: `10` or `1.5` (seconds), `500ms`, `2s`, `1m`.

@@ -8,7 +8,7 @@ use anyhow::{anyhow, Result};
 use baton_client::{Client, ClientConfig};
 use clap::Args;
 
-use super::args::parse_duration;
+use super::args::{parse_duration, TlsArgs};
 use super::exit::EXIT_ERROR;
 use super::output::Format;
 
@@ -47,6 +47,15 @@ pub struct ClientArgs {
         global = true
     )]
     pub output: Format,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+impl ClientArgs {
+    /// A client configuration for `endpoints` with these flags' TLS settings.
+    pub fn config(&self, endpoints: Vec<String>) -> ClientConfig {
+        self.tls.apply(ClientConfig::new(endpoints))
+    }
 }
 
 /// The longest a connection attempt to one endpoint may take, however long `--timeout` is:
@@ -68,7 +77,8 @@ pub async fn connect(args: &ClientArgs) -> Result<Client> {
     if args.timeout.is_zero() {
         return Err(anyhow!("--timeout must be positive"));
     }
-    let config = ClientConfig::new(endpoints)
+    let config = args
+        .config(endpoints)
         .with_request_timeout(args.timeout)
         .with_connect_timeout(args.timeout.min(MAX_CONNECT_TIMEOUT));
     Client::connect(config).await.map_err(describe)

@@ -8,7 +8,7 @@
 //! `NAME/<lease id in hex>`, oldest key leads).
 
 use anyhow::{anyhow, Result};
-use baton_client::{Client, ClientConfig, Election, Error};
+use baton_client::{Client, Election, Error};
 use clap::Args;
 use futures::StreamExt;
 
@@ -131,7 +131,7 @@ async fn listen(args: &ElectArgs) -> Result<i32> {
         .map(|e| e.trim().to_string())
         .filter(|e| !e.is_empty())
         .collect();
-    let client = Client::connect(ClientConfig::new(endpoints))
+    let client = Client::connect(args.endpoints.config(endpoints))
         .await
         .map_err(describe)?;
     // The stream survives reconnects (it observes again and skips what it reported).

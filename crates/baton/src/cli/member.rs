@@ -8,7 +8,7 @@
 //! only the leader accepts it.
 
 use anyhow::{anyhow, bail, Result};
-use baton_client::{Client, ClientConfig, Member};
+use baton_client::{Client, Member};
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
@@ -281,7 +281,9 @@ async fn move_leader(args: MoveLeaderArgs) -> Result<i32> {
         if ep.is_empty() {
             continue;
         }
-        let config = ClientConfig::new(vec![ep.to_string()])
+        let config = args
+            .client
+            .config(vec![ep.to_string()])
             .with_request_timeout(args.client.timeout)
             .with_connect_timeout(args.client.timeout.min(std::time::Duration::from_secs(3)));
         let client = match Client::connect(config).await {

@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use baton_client::{Client, ClientConfig, LostReason, Session, SessionOptions};
+use baton_client::{Client, LostReason, Session, SessionOptions};
 
 use super::args::EndpointArgs;
 use super::client::describe;
@@ -35,11 +35,11 @@ pub fn safety_margin(ttl: Duration) -> Duration {
 
 /// Connects to the first reachable endpoint and grants a lease of `ttl_s` seconds, kept
 /// alive until the session is closed or dropped.
-pub async fn start(endpoints: &EndpointArgs, ttl_s: i64) -> Result<(Client, Session)> {
+pub async fn start(endpoint_args: &EndpointArgs, ttl_s: i64) -> Result<(Client, Session)> {
     if ttl_s <= 0 {
         bail!("--ttl must be at least 1 second");
     }
-    let endpoints: Vec<String> = endpoints
+    let endpoints: Vec<String> = endpoint_args
         .endpoints
         .iter()
         .map(|e| e.trim().to_string())
@@ -48,7 +48,9 @@ pub async fn start(endpoints: &EndpointArgs, ttl_s: i64) -> Result<(Client, Sess
     if endpoints.is_empty() {
         bail!("no endpoints given (use --endpoints host:port)");
     }
-    let config = ClientConfig::new(endpoints).with_connect_timeout(CONNECT_TIMEOUT);
+    let config = endpoint_args
+        .config(endpoints)
+        .with_connect_timeout(CONNECT_TIMEOUT);
     let client = Client::connect(config).await.map_err(describe)?;
     let ttl = Duration::from_secs(ttl_s as u64);
     let options = SessionOptions::new()
