@@ -94,6 +94,22 @@ impl Client {
         .await
     }
 
+    /// The hash of the member's key space up to `revision` (0: its current revision), with
+    /// the revision it covers and the member's compaction revision (etcd's
+    /// `Maintenance.HashKV`, answered by the member itself: how replicas are compared).
+    pub async fn hash_kv(&self, revision: i64) -> Result<pb::HashKvResponse> {
+        self.call(
+            "Maintenance/HashKV",
+            Retry::Idempotent,
+            Deadline::Default,
+            |ch, t| {
+                let r = request(pb::HashKvRequest { revision }, t);
+                async move { MaintenanceClient::new(ch).hash_kv(r).await }
+            },
+        )
+        .await
+    }
+
     /// The cluster's members (etcd's `Cluster.MemberList`), linearizable: a member that
     /// lost contact with the leader does not answer with a stale list.
     pub async fn member_list(&self) -> Result<MemberListResponse> {

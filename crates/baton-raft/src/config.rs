@@ -45,6 +45,9 @@ pub struct NodeConfig {
     /// refuses writes that add data and raises `NOSPACE` (see `space`); 0 disables the
     /// measurement (a full disk still raises it).
     pub disk_reserve_bytes: u64,
+    /// etcd's `--strict-reconfig-check` (default on): membership changes that would leave
+    /// fewer started voters than a quorum are refused (`membership::plan`).
+    pub strict_reconfig_check: bool,
 }
 
 impl NodeConfig {
@@ -63,6 +66,7 @@ impl NodeConfig {
             cluster: None,
             env: Environment::default(),
             disk_reserve_bytes: space::DEFAULT_SPACE_RESERVE_BYTES,
+            strict_reconfig_check: true,
         }
     }
 }

@@ -6,6 +6,7 @@
 //! two-phase-commit decision log.
 
 mod cli;
+mod corrupt_check;
 mod serve;
 
 use anyhow::{Context, Result};

@@ -41,8 +41,9 @@ pub struct ServeArgs {
     /// Comma-separated client URLs to advertise in the member list (default: the listen URLs).
     #[arg(long)]
     advertise_client_urls: Option<String>,
-    /// Comma-separated URLs for HTTP /metrics, /health and /version.
-    #[arg(long, default_value = "http://127.0.0.1:2381")]
+    /// Comma-separated URLs for HTTP /metrics, /health and /version [default: none, as
+    /// etcd's; `scripts/start` serves them on http://127.0.0.1:2381].
+    #[arg(long, default_value = "")]
     listen_metrics_urls: String,
     /// Comma-separated URLs to serve the peer service (Raft, forwarding) on. Bound only in a
     /// cluster (`--initial-cluster`); a lone member just records them in the member list.
@@ -130,6 +131,16 @@ pub struct ServeArgs {
     /// client port; given, the port speaks TLS 1.2 only, with exactly these.
     #[arg(long)]
     cipher_suites: Option<String>,
+    /// Refuse membership changes that would leave fewer started voters than a quorum
+    /// (etcd's flag and default). `false` lets `member add`/`remove`/`promote` through
+    /// whatever the other members' state, as etcd's `--strict-reconfig-check=false`.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = true, action = clap::ArgAction::Set)]
+    strict_reconfig_check: bool,
+    /// Before serving, compare this member's key-space hash with every reachable member's
+    /// at this member's revision and refuse to start on a mismatch (etcd's initial
+    /// corruption check). Members that cannot be asked are logged and skipped, as etcd does.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
+    experimental_initial_corrupt_check: bool,
     /// Log filter (tracing's env-filter syntax), e.g. `info` or `baton_raft=debug`.
     #[arg(long, default_value = "info,openraft=warn")]
     log_level: String,
@@ -340,10 +351,18 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
     node_config.lease_checkpoint_interval =
         Duration::from_millis(args.experimental_lease_checkpoint_interval);
     node_config.cluster = cluster;
+    node_config.strict_reconfig_check = args.strict_reconfig_check;
 
     let node = baton_raft::Node::start(node_config)
         .await
         .with_context(|| format!("starting the member in {}", args.data_dir.display()))?;
+
+    if args.experimental_initial_corrupt_check {
+        if let Err(e) = crate::corrupt_check::initial(&node, client_tls_for_peers(&args)).await {
+            node.shutdown().await;
+            return Err(e);
+        }
+    }
 
     // etcd: minTTL = ceil(1.5 × election timeout).
     let min_lease_ttl_s = ((election_timeout.as_millis() as u64 * 3).div_ceil(2000) as i64).max(1);
@@ -383,6 +402,19 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         anyhow::bail!(baton_raft::REMOVED_MESSAGE);
     }
     Ok(())
+}
+
+/// The TLS settings for asking other members over their client URLs: the member's own
+/// trusted CA and certificate (etcd members present their server certificate as a client).
+fn client_tls_for_peers(args: &ServeArgs) -> Option<baton_client::TlsConfig> {
+    if args.trusted_ca_file.is_none() && args.cert_file.is_none() {
+        return None;
+    }
+    let mut tls = baton_client::TlsConfig::new();
+    tls.ca_file = args.trusted_ca_file.clone();
+    tls.cert_file = args.cert_file.clone();
+    tls.key_file = args.key_file.clone();
+    Some(tls)
 }
 
 /// Resolves on SIGTERM or SIGINT.

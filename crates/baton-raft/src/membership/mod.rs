@@ -135,6 +135,7 @@ impl Members {
                 active: &active,
                 matched: &matched,
                 last_log,
+                strict: replica.config.strict_reconfig_check,
             };
             // The replica's randomness (`Environment::rng`), so a seeded one is replayable.
             let new_id = || rand::Rng::gen::<u64>(&mut *replica.rng.lock());

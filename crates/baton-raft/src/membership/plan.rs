@@ -26,6 +26,9 @@ pub(crate) struct View<'a> {
     pub(crate) matched: &'a BTreeMap<u64, u64>,
     /// The leader's last log index.
     pub(crate) last_log: u64,
+    /// etcd's `--strict-reconfig-check`: off, the started-members checks are skipped (the
+    /// URL, learner and promotion-readiness checks stay).
+    pub(crate) strict: bool,
 }
 
 /// A checked change in openraft's terms.
@@ -86,10 +89,10 @@ pub(crate) fn plan(
                 // and its "connected to every voter" check.
                 let after = voters.len() + 1;
                 let lone_to_two = active_voters == 1 && after == 2;
-                if !lone_to_two && active_voters < quorum(after) {
+                if view.strict && !lone_to_two && active_voters < quorum(after) {
                     return Err(MemberError::NotEnoughStarted);
                 }
-                if active_voters < voters.len() {
+                if view.strict && active_voters < voters.len() {
                     return Err(MemberError::Unhealthy);
                 }
             }
@@ -127,7 +130,7 @@ pub(crate) fn plan(
                 .iter()
                 .filter(|v| *v != id && view.active.contains(v))
                 .count();
-            if staying == 0 || active_staying < quorum(staying) {
+            if staying == 0 || (view.strict && active_staying < quorum(staying)) {
                 return Err(MemberError::NotEnoughStarted);
             }
             let change = ChangeMembers::RemoveVoters(BTreeSet::from([*id]));
@@ -161,7 +164,7 @@ pub(crate) fn plan(
             }
             // The promoted learner is in sync, so it counts as started.
             let after = voters.len() + 1;
-            if active_voters + 1 < quorum(after) {
+            if view.strict && active_voters + 1 < quorum(after) {
                 return Err(MemberError::NotEnoughStarted);
             }
             let change = ChangeMembers::AddVoterIds(BTreeSet::from([*id]));
@@ -235,11 +238,59 @@ mod tests {
             active: &active,
             matched: &matched,
             last_log,
+            strict: active_is_checked(),
         };
         let mut ids = [0, 1, 77].into_iter();
         plan(&change, &view, || {
             ids.next().expect("three draws are enough")
         })
+    }
+
+    thread_local! {
+        static LAX: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// `strict` of the views `check` makes (tests of `--strict-reconfig-check=false` turn
+    /// it off).
+    fn active_is_checked() -> bool {
+        !LAX.with(|l| l.get())
+    }
+
+    #[test]
+    fn without_strict_reconfig_check_started_members_are_not_counted() {
+        LAX.with(|l| l.set(true));
+        // Adding a voter to 3 of which 2 are down, removing one of 3 with one up.
+        assert!(check(add_voter(), &membership(3, 0), &[1], &[], 0).is_ok());
+        assert!(check(
+            MemberChange::Remove { id: 2 },
+            &membership(3, 0),
+            &[1],
+            &[],
+            0
+        )
+        .is_ok());
+        // The last voter still cannot go, and a learner must still be in sync.
+        assert_eq!(
+            check(
+                MemberChange::Remove { id: 1 },
+                &membership(1, 0),
+                &[1],
+                &[],
+                0
+            ),
+            Err(MemberError::NotEnoughStarted)
+        );
+        assert_eq!(
+            check(
+                MemberChange::Promote { id: 4 },
+                &membership(3, 1),
+                &[],
+                &[(4, 1)],
+                100
+            ),
+            Err(MemberError::LearnerNotReady)
+        );
+        LAX.with(|l| l.set(false));
     }
 
     fn add_voter() -> MemberChange {
