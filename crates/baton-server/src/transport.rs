@@ -96,11 +96,6 @@ pub struct Incoming {
 }
 
 impl Incoming {
-    /// A plain-text listener.
-    pub fn new(listener: TcpListener) -> Self {
-        Incoming::with_security(listener, Security::Plain)
-    }
-
     pub fn with_security(listener: TcpListener, security: Security) -> Self {
         Incoming {
             listener,

@@ -28,6 +28,17 @@ fn server_cert_args() -> Vec<String> {
     ]
 }
 
+/// The server's certificate plus client certificates required from etcd's test CA.
+fn mtls_args() -> Vec<String> {
+    let mut flags = server_cert_args();
+    flags.extend([
+        "--trusted-ca-file".into(),
+        fixture("ca.crt"),
+        "--client-cert-auth".into(),
+    ]);
+    flags
+}
+
 fn args(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
@@ -76,14 +87,8 @@ fn https_client_urls_serve_etcdctl_over_tls_and_refuse_plain_text() {
 #[test]
 fn client_cert_auth_takes_only_trusted_unrevoked_certificates() {
     let dir = tempfile::tempdir().unwrap();
-    let mut flags = server_cert_args();
-    flags.extend([
-        "--trusted-ca-file".into(),
-        fixture("ca.crt"),
-        "--client-cert-auth".into(),
-        "--client-crl-file".into(),
-        fixture("revoke.crl"),
-    ]);
+    let mut flags = mtls_args();
+    flags.extend(["--client-crl-file".into(), fixture("revoke.crl")]);
     let b = Baton::start_on(
         &dir.path().join("m"),
         "https://127.0.0.1:{port}",
@@ -210,12 +215,7 @@ fn tls_flags_that_cannot_work_are_refused_at_start() {
 #[test]
 fn the_baton_cli_speaks_tls_with_etcdctls_flags() {
     let dir = tempfile::tempdir().unwrap();
-    let mut flags = server_cert_args();
-    flags.extend([
-        "--trusted-ca-file".into(),
-        fixture("ca.crt"),
-        "--client-cert-auth".into(),
-    ]);
+    let flags = mtls_args();
     let b = Baton::start_on(
         &dir.path().join("m"),
         "https://127.0.0.1:{port}",
