@@ -55,7 +55,7 @@ use change::{
     member_infos, JoinRequest, JoinResponse, MemberChange, MemberChanged, MemberError,
     SenderStanding, REMOVED_MESSAGE,
 };
-pub(crate) use join::join_existing;
+pub(crate) use join::{join_existing, probe_while_waiting};
 
 /// How long a change waits for another change (a member publishing itself, a concurrent
 /// MemberAdd) to finish before giving up with a timeout.

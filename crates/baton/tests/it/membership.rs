@@ -204,6 +204,7 @@ fn start_joiner(
         .collect(),
         nofile_limit: None,
         client_urls: None,
+        peer_scheme: "http",
     };
     b.spawn();
     b
