@@ -20,11 +20,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+/// rustls's server configuration, re-exported so that users need no rustls of their own.
+pub use baton_tls::{common_name, describe_tls_error};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerifier};
 use rustls::crypto::{ring, CryptoProvider};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
-/// rustls's server configuration, re-exported so that users need no rustls of their own.
 pub use rustls::ServerConfig;
 use rustls::SignatureScheme;
 use rustls::SupportedCipherSuite;
@@ -264,7 +265,9 @@ impl AllowedIdentity {
 
     fn admits(&self, end_entity: &CertificateDer<'_>) -> bool {
         match self {
-            AllowedIdentity::CommonName(cn) => common_name(end_entity).as_deref() == Some(cn),
+            AllowedIdentity::CommonName(cn) => {
+                baton_tls::common_name(end_entity).as_deref() == Some(cn)
+            }
             AllowedIdentity::Hostname(name) => ParsedCertificate::try_from(end_entity)
                 .and_then(|cert| rustls::client::verify_server_name(&cert, name))
                 .is_ok(),
@@ -272,19 +275,10 @@ impl AllowedIdentity {
     }
 }
 
-/// The subject Common Name of a certificate (the first, as Go's `Subject.CommonName`);
-/// `None` if it has none or does not parse. Also what etcd authenticates a client as from
-/// its certificate.
-pub fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
-    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
-    let cn = parsed.subject().iter_common_name().next()?;
-    cn.as_str().ok().map(str::to_string)
-}
-
 /// The chain check of webpki, then [`AllowedIdentity`]. A certificate that chains but names
 /// the wrong identity is refused with a `bad_certificate` alert, as Go's
 /// `VerifyPeerCertificate` failure is ([`CertificateError::NotValidForName`]; the refusal is
-/// logged as etcd words it: [`describe_handshake_error`]).
+/// logged as etcd words it: `baton_tls::describe_tls_error`).
 #[derive(Debug)]
 struct AllowedIdentityVerifier {
     inner: Arc<dyn ClientCertVerifier>,
@@ -397,7 +391,7 @@ pub fn peer_client(settings: &TlsSettings, auto: bool) -> Result<PeerClientTls, 
         _ => None,
     };
     let verify = if auto {
-        PeerVerify::Nothing(Arc::new(SignaturesOnly { provider }))
+        PeerVerify::Nothing(Arc::new(baton_tls::AnyServerCertificate::new(provider)))
     } else if let Some(ca_file) = settings.trusted_ca_file.as_deref() {
         let roots = read_roots(settings.flag(Flag::TrustedCa), ca_file)?;
         let verifier =
@@ -409,145 +403,6 @@ pub fn peer_client(settings: &TlsSettings, auto: bool) -> Result<PeerClientTls, 
         PeerVerify::SystemRoots
     };
     Ok(PeerClientTls { identity, verify })
-}
-
-/// Accepts any server certificate but checks the handshake's signatures with it
-/// ([`PeerVerify::Nothing`]).
-#[derive(Debug)]
-struct SignaturesOnly {
-    provider: Arc<CryptoProvider>,
-}
-
-impl ServerCertVerifier for SignaturesOnly {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
-
-/// A TLS failure in Go's words, which etcd's logs (and tools reading them) use: an alert
-/// from the other side is `remote error: tls: <alert>`; our own refusal of a certificate
-/// that chains but names the wrong identity is `client certificate authentication failed`.
-/// `None` if `error` holds no TLS failure.
-///
-/// An alert can arrive after the client's side of the handshake is done (TLS 1.3: the
-/// server checks the client's certificate after the client sent its Finished), and then h2
-/// carries the error on as text only: such an error is recognised by rustls's own wording
-/// of each alert.
-pub fn describe_tls_error(error: &(dyn std::error::Error + 'static)) -> Option<String> {
-    let mut source = Some(error);
-    while let Some(e) = source {
-        let rustls_error = e.downcast_ref::<rustls::Error>().or_else(|| {
-            e.downcast_ref::<std::io::Error>()
-                .and_then(|io| io.get_ref())
-                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-        });
-        if let Some(r) = rustls_error {
-            return Some(go_words(r));
-        }
-        let text = e.to_string();
-        if let Some(alert) = ALERTS
-            .iter()
-            .find(|a| rustls::Error::AlertReceived(**a).to_string() == text)
-        {
-            return Some(go_words(&rustls::Error::AlertReceived(*alert)));
-        }
-        source = e.source();
-    }
-    None
-}
-
-/// The alerts a peer refusing a handshake sends (what [`describe_tls_error`] recognises in
-/// text).
-const ALERTS: &[rustls::AlertDescription] = {
-    use rustls::AlertDescription as A;
-    &[
-        A::BadCertificate,
-        A::UnsupportedCertificate,
-        A::CertificateRevoked,
-        A::CertificateExpired,
-        A::CertificateUnknown,
-        A::UnknownCA,
-        A::AccessDenied,
-        A::HandshakeFailure,
-        A::CertificateRequired,
-        A::ProtocolVersion,
-        A::DecryptError,
-        A::IllegalParameter,
-        A::DecodeError,
-        A::InternalError,
-        A::NoApplicationProtocol,
-    ]
-};
-
-fn go_words(error: &rustls::Error) -> String {
-    use rustls::AlertDescription as A;
-    match error {
-        rustls::Error::AlertReceived(alert) => {
-            let text = match alert {
-                A::BadCertificate => "bad certificate".to_string(),
-                A::UnsupportedCertificate => "unsupported certificate".to_string(),
-                A::CertificateRevoked => "revoked certificate".to_string(),
-                A::CertificateExpired => "expired certificate".to_string(),
-                A::CertificateUnknown => "unknown certificate".to_string(),
-                A::UnknownCA => "unknown certificate authority".to_string(),
-                A::AccessDenied => "access denied".to_string(),
-                A::HandshakeFailure => "handshake failure".to_string(),
-                A::CertificateRequired => "certificate required".to_string(),
-                A::ProtocolVersion => "protocol version not supported".to_string(),
-                A::DecryptError => "error decrypting message".to_string(),
-                other => format!("{other:?}"),
-            };
-            format!("remote error: tls: {text}")
-        }
-        rustls::Error::InvalidCertificate(CertificateError::NotValidForName) => {
-            "client certificate authentication failed".to_string()
-        }
-        rustls::Error::NoCertificatesPresented => {
-            "tls: client didn't provide a certificate".to_string()
-        }
-        other => other.to_string(),
-    }
 }
 
 /// ring's provider, its TLS 1.2 suites limited to `names` (Go's names) when any are given.

@@ -525,13 +525,16 @@ fn peer_listeners(args: &ServeArgs) -> Result<PeerListen> {
 /// The TLS settings for asking other members over their client URLs: the member's own
 /// trusted CA and certificate (etcd members present their server certificate as a client).
 fn client_tls_for_peers(args: &ServeArgs) -> Option<baton_client::TlsConfig> {
-    if args.trusted_ca_file.is_none() && args.cert_file.is_none() {
+    if args.trusted_ca_file.is_none() && args.cert_file.is_none() && !args.auto_tls {
         return None;
     }
     let mut tls = baton_client::TlsConfig::new();
     tls.ca_file = args.trusted_ca_file.clone();
     tls.cert_file = args.cert_file.clone();
     tls.key_file = args.key_file.clone();
+    // With --auto-tls every member's certificate is self-signed: nothing could verify it
+    // (etcd skips verification of self-signed certificates too).
+    tls.insecure_skip_verify = args.auto_tls && args.cert_file.is_none();
     Some(tls)
 }
 
