@@ -72,7 +72,8 @@ pub fn origin(command: &Command) -> Origin {
     let mut command = command;
     loop {
         let duty = match command {
-            Command::Deduplicated { command: inner, .. } => {
+            Command::Deduplicated { command: inner, .. }
+            | Command::Authorized { command: inner, .. } => {
                 command = inner;
                 continue;
             }
@@ -93,6 +94,8 @@ pub fn origin(command: &Command) -> Origin {
             | Command::FenceCheck { .. }
             | Command::RegisterClient { .. }
             | Command::UnregisterClient { .. }
+            // The auth store's changes and token issues (maintenance.rs's Auth service).
+            | Command::Auth(_)
             | Command::Alarm {
                 action: AlarmAction::Deactivate,
                 ..
@@ -192,6 +195,21 @@ mod tests {
                 member_id: 1,
                 alarm: baton_core::AlarmType::NoSpace,
             },
+            Command::Auth(baton_core::AuthCommand::Enable),
+            Command::Authorized {
+                auth: baton_core::AuthInfo {
+                    user: "u".into(),
+                    revision: 1,
+                },
+                command: Box::new(Command::Put(PutRequest::default())),
+            },
+            Command::Authorized {
+                auth: baton_core::AuthInfo {
+                    user: "u".into(),
+                    revision: 1,
+                },
+                command: Box::new(Command::Noop),
+            },
         ];
         all.into_iter()
             .map(|c| {
@@ -221,7 +239,12 @@ mod tests {
                     | Command::FenceCheck { .. }
                     | Command::RegisterClient { .. }
                     | Command::UnregisterClient { .. }
+                    | Command::Auth(_)
                     | Command::Deduplicated { .. } => Origin::Client,
+                    Command::Authorized { command, .. } => match **command {
+                        Command::Noop => Origin::Leader(LeaderDuty::Noop),
+                        _ => Origin::Client,
+                    },
                 };
                 (c, expected)
             })
@@ -233,8 +256,8 @@ mod tests {
         let cases = every_variant();
         assert_eq!(
             cases.len(),
-            18,
-            "one case per Command variant (two for Alarm)"
+            21,
+            "one case per Command variant (two for Alarm and Authorized)"
         );
         for (command, expected) in cases {
             assert_eq!(origin(&command), expected, "{command:?}");
