@@ -11,6 +11,9 @@
 //! `revision` and `raft_term` agree across all services (`etcdctl endpoint status` compares
 //! them).
 
+mod access;
+pub mod auth;
+pub mod auth_service;
 pub mod baton_v1;
 pub mod cluster;
 pub mod conn;
@@ -34,6 +37,7 @@ pub mod watch;
 
 use std::net::SocketAddr;
 
+pub use access::Caller;
 pub use shared::{ServerConfig, Shared};
 
 /// etcd's gRPC receive limit: the request limit plus 512 KiB of framing headroom.
@@ -179,7 +183,7 @@ pub fn grpc_router(
             .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
         )
         .add_service(
-            AuthServer::new(maintenance::AuthService {
+            AuthServer::new(auth_service::AuthService {
                 shared: shared.clone(),
             })
             .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
