@@ -5,6 +5,7 @@
 
 use baton_core::{AuthInfo, Command, PermType};
 use baton_raft::Proposed;
+use tonic::metadata::MetadataMap;
 use tonic::{Request, Status};
 
 use crate::auth::IdentityError;
@@ -20,13 +21,19 @@ impl Shared {
     /// that does not check out is etcd's "invalid auth token", auth on or off.
     pub fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
         let conn = request.extensions().get::<ClientConnectInfo>();
+        self.caller_from(request.metadata(), conn)
+    }
+
+    /// [`Self::caller`] from a request's parts (a watch stream resolves its caller again at
+    /// every create, as etcd does, so a token's revision is the current one).
+    pub fn caller_from(
+        &self,
+        metadata: &MetadataMap,
+        conn: Option<&ClientConnectInfo>,
+    ) -> Result<Caller, Status> {
         let now_ms = self.node.time_ms();
         self.node
-            .read(|sm| {
-                self.config
-                    .auth
-                    .identify(sm, now_ms, request.metadata(), conn)
-            })
+            .read(|sm| self.config.auth.identify(sm, now_ms, metadata, conn))
             .map_err(|IdentityError::InvalidToken| Status::unauthenticated(INVALID_AUTH_TOKEN))
     }
 
@@ -67,5 +74,12 @@ impl Shared {
         self.node
             .read(|sm| sm.admin_permitted(user))
             .map_err(auth_status)
+    }
+
+    /// `perm` on lock (or election) `name`'s queue, the keys `name/…` its waiters hold:
+    /// what etcd's client-side recipes would need to run the same lock.
+    pub fn check_lock(&self, caller: &Caller, perm: PermType, name: &[u8]) -> Result<(), Status> {
+        let range = baton_core::lock_prefix(name);
+        self.check_perm(caller, perm, &range.key, &range.range_end)
     }
 }

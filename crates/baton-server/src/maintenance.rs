@@ -45,6 +45,7 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         request: Request<pb::AlarmRequest>,
     ) -> Result<tonic::Response<pb::AlarmResponse>, Status> {
         use pb::alarm_request::AlarmAction as Action;
+        let caller = self.shared.caller(&request)?;
         let req = request.into_inner();
         let alarms = match req.action() {
             // A raised alarm stops every write of the cluster, so only a member's own disk
@@ -69,6 +70,10 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
             }
             // Exactly (member, alarm), as etcd's `Deactivate`; `etcdctl alarm disarm` lists
             // the alarms first and deactivates each.
+            // Clearing an alarm lets the whole cluster write again: root only.
+            Action::Deactivate if self.shared.require_admin(&caller).is_err() => {
+                return Err(self.shared.require_admin(&caller).unwrap_err());
+            }
             Action::Deactivate => match core_alarm(req.alarm()) {
                 None => Vec::new(),
                 Some(alarm) => {
@@ -125,8 +130,10 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
 
     async fn defragment(
         &self,
-        _request: Request<pb::DefragmentRequest>,
+        request: Request<pb::DefragmentRequest>,
     ) -> Result<tonic::Response<pb::DefragmentResponse>, Status> {
+        // Root only once auth is enabled, as etcd.
+        self.shared.require_admin(&self.shared.caller(&request)?)?;
         // The store lives in memory and the log is purged by snapshots, so there is nothing
         // to defragment; succeed as etcd does on an already compact backend.
         Ok(tonic::Response::new(pb::DefragmentResponse {
@@ -136,8 +143,10 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
 
     async fn hash(
         &self,
-        _request: Request<pb::HashRequest>,
+        request: Request<pb::HashRequest>,
     ) -> Result<tonic::Response<pb::HashResponse>, Status> {
+        // Root only once auth is enabled, as etcd.
+        self.shared.require_admin(&self.shared.caller(&request)?)?;
         let (hash, revision) = self.shared.node.read(|sm| (sm.hash_kv(0), sm.revision()));
         let hash = hash.map_err(|e| kv_status(&e))?;
         Ok(tonic::Response::new(pb::HashResponse {
@@ -150,6 +159,8 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         &self,
         request: Request<pb::HashKvRequest>,
     ) -> Result<tonic::Response<pb::HashKvResponse>, Status> {
+        // Root only once auth is enabled, as etcd.
+        self.shared.require_admin(&self.shared.caller(&request)?)?;
         let req = request.into_inner();
         let (hash, compact, revision) = self.shared.node.read(|sm| {
             (
@@ -171,8 +182,10 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
 
     async fn snapshot(
         &self,
-        _request: Request<pb::SnapshotRequest>,
+        request: Request<pb::SnapshotRequest>,
     ) -> Result<tonic::Response<Self::SnapshotStream>, Status> {
+        // Root only once auth is enabled, as etcd.
+        self.shared.require_admin(&self.shared.caller(&request)?)?;
         Err(not_supported("snapshot streaming"))
     }
 
@@ -180,6 +193,8 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         &self,
         request: Request<pb::MoveLeaderRequest>,
     ) -> Result<tonic::Response<pb::MoveLeaderResponse>, Status> {
+        // Root only once auth is enabled, as etcd.
+        self.shared.require_admin(&self.shared.caller(&request)?)?;
         let target = request.into_inner().target_id;
         self.shared
             .node
