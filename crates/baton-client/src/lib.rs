@@ -144,6 +144,7 @@
 #![warn(missing_docs)]
 
 mod admin;
+mod auth;
 mod barrier;
 mod client;
 mod config;
@@ -177,6 +178,7 @@ pub use admin::{
     InspectResponse, ListLocksOptions, ListLocksResponse, LockEntry, LockSummary, Member,
     MemberListResponse, StatusResponse,
 };
+pub use auth::{AuthChannel, Credentials};
 pub use barrier::{Barrier, DoubleBarrier};
 pub use client::{Client, RequestId};
 pub use config::{ClientConfig, ServerKind, TlsConfig};
