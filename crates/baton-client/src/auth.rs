@@ -130,7 +130,7 @@ impl crate::Client {
             crate::client::Retry::Once,
             crate::client::Deadline::Default,
             |ch, t| {
-                let r = crate::client::request(req.clone(), t);
+                let r = crate::client::request(req, t);
                 async move { AuthClient::new(ch).auth_enable(r).await }
             },
         )
@@ -145,7 +145,7 @@ impl crate::Client {
             crate::client::Retry::Once,
             crate::client::Deadline::Default,
             |ch, t| {
-                let r = crate::client::request(req.clone(), t);
+                let r = crate::client::request(req, t);
                 async move { AuthClient::new(ch).auth_disable(r).await }
             },
         )
@@ -160,7 +160,7 @@ impl crate::Client {
             crate::client::Retry::Idempotent,
             crate::client::Deadline::Default,
             |ch, t| {
-                let r = crate::client::request(req.clone(), t);
+                let r = crate::client::request(req, t);
                 async move { AuthClient::new(ch).auth_status(r).await }
             },
         )
@@ -192,7 +192,7 @@ impl crate::Client {
             crate::client::Retry::Idempotent,
             crate::client::Deadline::Default,
             |ch, t| {
-                let r = crate::client::request(req.clone(), t);
+                let r = crate::client::request(req, t);
                 async move { AuthClient::new(ch).user_list(r).await }
             },
         )
@@ -325,7 +325,7 @@ impl crate::Client {
             crate::client::Retry::Idempotent,
             crate::client::Deadline::Default,
             |ch, t| {
-                let r = crate::client::request(req.clone(), t);
+                let r = crate::client::request(req, t);
                 async move { AuthClient::new(ch).role_list(r).await }
             },
         )

@@ -224,7 +224,7 @@ impl Authenticator {
             .or_else(|| metadata.get("authorization"))
             .and_then(|v| v.to_str().ok());
         if let Some(token) = token {
-            return self.from_token(sm, now_ms, token).map(Some);
+            return self.identify_token(sm, now_ms, token).map(Some);
         }
         Ok(conn
             .and_then(|c| c.peer_certs.as_ref())
@@ -236,7 +236,7 @@ impl Authenticator {
             }))
     }
 
-    fn from_token(
+    fn identify_token(
         &self,
         sm: &StateMachine,
         now_ms: u64,
