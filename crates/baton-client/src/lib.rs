@@ -145,6 +145,7 @@
 
 mod admin;
 mod auth;
+mod auth_admin;
 mod barrier;
 mod client;
 mod config;
