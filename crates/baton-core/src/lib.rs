@@ -16,7 +16,10 @@
 //!   revision), so fencing tokens (the holder key's create revision) only grow;
 //! - a fence check accepts a token iff it is `>=` the highest recorded for the resource;
 //! - a `Deduplicated` write is applied at most once per `(client, sequence)`: a retry gets
-//!   the first answer and changes nothing; sessions expire by entry time only.
+//!   the first answer and changes nothing; sessions expire by entry time only;
+//! - with auth enabled, an `Authorized` command is applied only if its user may touch every
+//!   key it names (both branches and the compares of a txn), else it changes nothing; the
+//!   auth revision only grows.
 //!
 //! Codemap: `auth` is the auth store's data (users, roles, permissions, simple tokens)
 //! and the pure permission check over merged intervals; `command`/`types` are the contract with the raft and server crates; `locks` is

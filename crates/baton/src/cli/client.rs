@@ -8,7 +8,7 @@ use anyhow::{anyhow, Result};
 use baton_client::{Client, ClientConfig};
 use clap::Args;
 
-use super::args::{parse_duration, TlsArgs};
+use super::args::{parse_duration, CredentialArgs, TlsArgs};
 use super::exit::EXIT_ERROR;
 use super::output::Format;
 
@@ -49,34 +49,15 @@ pub struct ClientArgs {
     pub output: Format,
     #[command(flatten)]
     pub tls: TlsArgs,
-    /// Authenticate as this user, `name` or `name:password` (etcdctl's `--user`); the
-    /// password may come from `--password` instead.
-    #[arg(long, value_name = "NAME[:PASSWORD]", global = true)]
-    pub user: Option<String>,
-    /// The `--user`'s password (etcdctl's `--password`).
-    #[arg(long, value_name = "PASSWORD", global = true, requires = "user")]
-    pub password: Option<String>,
+    #[command(flatten)]
+    pub user: CredentialArgs,
 }
 
 impl ClientArgs {
     /// A client configuration for `endpoints` with these flags' TLS settings and user.
     pub fn config(&self, endpoints: Vec<String>) -> ClientConfig {
-        let config = self.tls.apply(ClientConfig::new(endpoints));
-        match self.credentials() {
-            Some((user, password)) => config.with_user(user, password),
-            None => config,
-        }
-    }
-
-    /// `--user name:password`, or `--user name --password password` (etcdctl splits at
-    /// the first `:`; a user without a password is authenticated with an empty one).
-    fn credentials(&self) -> Option<(String, String)> {
-        let user = self.user.as_ref()?;
-        Some(match (&self.password, user.split_once(':')) {
-            (Some(p), _) => (user.clone(), p.clone()),
-            (None, Some((name, p))) => (name.to_string(), p.to_string()),
-            (None, None) => (user.clone(), String::new()),
-        })
+        self.user
+            .apply(self.tls.apply(ClientConfig::new(endpoints)))
     }
 }
 
