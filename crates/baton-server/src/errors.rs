@@ -418,6 +418,8 @@ mod tests {
             (KvError::InvalidSequence, Code::InvalidArgument, "baton: request sequence must be positive"),
             (KvError::NotDeduplicable, Code::InvalidArgument, "baton: this request cannot be de-duplicated"),
             (KvError::NoSpace, Code::ResourceExhausted, "etcdserver: mvcc: database space exceeded"),
+            (KvError::Auth(AuthError::PermissionDenied), Code::PermissionDenied, "etcdserver: permission denied"),
+            (KvError::MisplacedAuthorized, Code::Internal, "baton: internal error: misplaced auth wrapper"),
         ];
         for (err, code, message) in &cases {
             let s = kv_status(err);
@@ -428,6 +430,100 @@ mod tests {
         assert_eq!(
             cases.len(),
             baton_core::format::variant_count::<KvError>() as usize
+        );
+    }
+
+    /// etcd's `rpctypes` codes and messages of every auth store refusal, byte for byte.
+    #[test]
+    fn every_auth_error_has_etcd_s_code_and_message() {
+        let cases = [
+            (
+                AuthError::UserEmpty,
+                Code::InvalidArgument,
+                "etcdserver: user name is empty",
+            ),
+            (
+                AuthError::AuthFailed,
+                Code::InvalidArgument,
+                "etcdserver: authentication failed, invalid user ID or password",
+            ),
+            (
+                AuthError::UserAlreadyExist,
+                Code::FailedPrecondition,
+                "etcdserver: user name already exists",
+            ),
+            (
+                AuthError::UserNotFound,
+                Code::FailedPrecondition,
+                "etcdserver: user name not found",
+            ),
+            (
+                AuthError::RoleAlreadyExist,
+                Code::FailedPrecondition,
+                "etcdserver: role name already exists",
+            ),
+            (
+                AuthError::RoleNotFound,
+                Code::FailedPrecondition,
+                "etcdserver: role name not found",
+            ),
+            (
+                AuthError::RoleEmpty,
+                Code::InvalidArgument,
+                "etcdserver: role name is empty",
+            ),
+            (
+                AuthError::PermissionDenied,
+                Code::PermissionDenied,
+                "etcdserver: permission denied",
+            ),
+            (
+                AuthError::RoleNotGranted,
+                Code::FailedPrecondition,
+                "etcdserver: role is not granted to the user",
+            ),
+            (
+                AuthError::PermissionNotGranted,
+                Code::FailedPrecondition,
+                "etcdserver: permission is not granted to the role",
+            ),
+            (
+                AuthError::RootUserNotExist,
+                Code::FailedPrecondition,
+                "etcdserver: root user does not exist",
+            ),
+            (
+                AuthError::RootRoleNotExist,
+                Code::FailedPrecondition,
+                "etcdserver: root user does not have root role",
+            ),
+            (
+                AuthError::AuthNotEnabled,
+                Code::FailedPrecondition,
+                "etcdserver: authentication is not enabled",
+            ),
+            (
+                AuthError::AuthOldRevision,
+                Code::InvalidArgument,
+                "etcdserver: revision of auth store is old",
+            ),
+            (
+                AuthError::InvalidAuthMgmt,
+                Code::InvalidArgument,
+                "etcdserver: invalid auth management",
+            ),
+        ];
+        for (err, code, message) in &cases {
+            let s = auth_status(*err);
+            assert_eq!((s.code(), s.message()), (*code, *message), "{err:?}");
+        }
+        assert_eq!(
+            cases.len(),
+            baton_core::format::variant_count::<AuthError>() as usize
+        );
+        assert_eq!(
+            go_status_text(&auth_status(AuthError::PermissionDenied)),
+            "rpc error: code = PermissionDenied desc = etcdserver: permission denied"
         );
     }
 
