@@ -9,6 +9,8 @@ use std::time::Duration;
 use baton_proto::baton::v1::{lock_client::LockClient, InspectRequest};
 use tokio::time::Instant;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+use crate::auth::{authenticate, AuthChannel, TokenCell};
 use tonic::Code;
 
 use crate::config::{ClientConfig, ServerKind, TlsConfig};
@@ -72,7 +74,11 @@ pub(crate) struct Inner {
 /// One established connection.
 #[derive(Clone)]
 pub(crate) struct Conn {
-    pub(crate) channel: Channel,
+    /// Carries the credentials' token (if any) on every request.
+    pub(crate) channel: AuthChannel,
+    /// The bare channel, for authenticating again.
+    raw: Channel,
+    token: TokenCell,
     index: usize,
     generation: u64,
 }
@@ -313,10 +319,19 @@ impl Client {
                 endpoint
             };
             match tokio::time::timeout(timeout, endpoint.connect()).await {
-                Ok(Ok(channel)) => {
+                Ok(Ok(raw)) => {
+                    let token = TokenCell::default();
+                    if let Some(creds) = &self.inner.config.credentials {
+                        match authenticate(raw.clone(), creds).await {
+                            Ok(t) => *token.write().expect("token lock") = t,
+                            Err(status) => return Err(Error::from_status(status)),
+                        }
+                    }
                     let generation = self.inner.generation.fetch_add(1, Ordering::AcqRel) + 1;
                     let conn = Conn {
-                        channel,
+                        channel: AuthChannel::new(raw.clone(), token.clone()),
+                        raw,
+                        token,
                         index,
                         generation,
                     };
@@ -368,7 +383,7 @@ impl Client {
         mut f: F,
     ) -> Result<T>
     where
-        F: FnMut(Channel, Option<Duration>) -> Fut,
+        F: FnMut(AuthChannel, Option<Duration>) -> Fut,
         Fut: Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
     {
         let total = match deadline {
@@ -384,6 +399,7 @@ impl Client {
         // One more than the endpoints, so every member gets a chance after a failure.
         let attempts = self.inner.urls.len() as u32 + 1;
         let mut attempt = 0;
+        let mut reauthenticated = false;
         loop {
             let conn = until(end, self.conn()).await.map_err(|_| exceeded())??;
             let left = end.map(|e| e.saturating_duration_since(Instant::now()));
@@ -401,6 +417,20 @@ impl Client {
                 {
                     self.invalidate(&conn);
                     return Err(exceeded());
+                }
+                Ok(Err(status))
+                    if !reauthenticated
+                        && crate::auth::token_refused(&status)
+                        && self.inner.config.credentials.is_some() =>
+                {
+                    // etcd's clients do the same: a new token, then the call once more.
+                    reauthenticated = true;
+                    let creds = self.inner.config.credentials.as_ref().expect("checked");
+                    let fresh = authenticate(conn.raw.clone(), creds)
+                        .await
+                        .map_err(Error::from_status)?;
+                    *conn.token.write().expect("token lock") = fresh;
+                    continue;
                 }
                 Ok(Err(status)) => {
                     let unavailable = crate::error::connection_failure(&status);

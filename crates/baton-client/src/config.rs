@@ -34,6 +34,9 @@ pub struct ClientConfig {
     pub tls: Option<TlsConfig>,
     /// Which server API the recipes use; [`ServerKind::Auto`] asks the server once.
     pub server_kind: ServerKind,
+    /// A user and password for servers with auth enabled: the client authenticates on
+    /// every connection and again when its token is refused.
+    pub credentials: Option<crate::auth::Credentials>,
 }
 
 impl ClientConfig {
@@ -50,7 +53,17 @@ impl ClientConfig {
             request_timeout: Duration::from_secs(5),
             tls: None,
             server_kind: ServerKind::Auto,
+            credentials: None,
         }
+    }
+
+    /// Authenticates as `user` with `password` (etcd's `--user name:password`).
+    pub fn with_user(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.credentials = Some(crate::auth::Credentials {
+            user: user.into(),
+            password: password.into(),
+        });
+        self
     }
 
     /// Sets [`ClientConfig::connect_timeout`].

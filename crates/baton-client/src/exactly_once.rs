@@ -212,7 +212,7 @@ impl ExactlyOnce {
     /// endpoint).
     async fn send<T, F, Fut>(&self, what: &'static str, mut f: F) -> Result<Once<T>>
     where
-        F: FnMut(pb::RequestId, u64, tonic::transport::Channel, Option<Duration>) -> Fut,
+        F: FnMut(pb::RequestId, u64, crate::auth::AuthChannel, Option<Duration>) -> Fut,
         Fut: std::future::Future<
             Output = std::result::Result<tonic::Response<(T, bool)>, tonic::Status>,
         >,

@@ -141,6 +141,8 @@
 #![warn(missing_docs)]
 
 mod admin;
+mod auth;
+mod auth_admin;
 mod barrier;
 mod client;
 mod config;
@@ -174,6 +176,7 @@ pub use admin::{
     InspectResponse, ListLocksOptions, ListLocksResponse, LockEntry, LockSummary, Member,
     MemberListResponse, StatusResponse,
 };
+pub use auth::{AuthChannel, Credentials};
 pub use barrier::{Barrier, DoubleBarrier};
 pub use client::{Client, RequestId};
 pub use config::{ClientConfig, ServerKind, TlsConfig};

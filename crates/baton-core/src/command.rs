@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::auth::{AuthCommand, AuthError, AuthInfo, AuthResponse};
 use crate::types::{
     CommandIndex, Event, FencingToken, KeyRange, KeyValue, LeaseId, Revision, Term,
 };
@@ -131,6 +132,21 @@ pub enum Command {
         member_id: u64,
         alarm: AlarmType,
     },
+    /// A change of the auth store (users, roles, permissions, the flag) or a simple token's
+    /// issue (`Authenticate`), as etcd puts them in its log.
+    Auth(AuthCommand),
+    /// `command` on behalf of `auth`: while auth is enabled, `apply` checks the permission
+    /// of `auth.user` for everything the command touches (every key of every op of both
+    /// branches and every compare of a txn, the keys of a revoked lease) and refuses it
+    /// whole with `KvError::Auth` (`AuthOldRevision` when the auth store changed after the
+    /// server checked `auth.revision`, etcd's retry signal). The server wraps every client
+    /// write it proposes while auth is on; an unwrapped command is one its server accepted
+    /// with auth off, or a duty of the leader. At most one wrapper, outside a
+    /// `Deduplicated`.
+    Authorized {
+        auth: AuthInfo,
+        command: Box<Command>,
+    },
 }
 
 /// What an [`Command::Alarm`] does.
@@ -173,7 +189,8 @@ impl Command {
         let mut command = self;
         loop {
             return match command {
-                Command::Deduplicated { command: inner, .. } => {
+                Command::Deduplicated { command: inner, .. }
+                | Command::Authorized { command: inner, .. } => {
                     command = inner;
                     continue;
                 }
@@ -182,6 +199,7 @@ impl Command {
                 | Command::LockEnqueue { .. }
                 | Command::RegisterClient { .. } => true,
                 Command::Txn(t) => txn_puts(t),
+                Command::Auth(a) => a.adds_data(),
                 Command::Noop
                 | Command::DeleteRange(_)
                 | Command::Compact { .. }
@@ -419,6 +437,18 @@ pub enum KvError {
     /// as `ErrGRPCNoSpace`). Appended last: cached answers in snapshots encode it.
     #[error("no space (NOSPACE alarm raised)")]
     NoSpace,
+    /// The auth store refused (a permission, a user, a role, the revision).
+    #[error("auth: {0}")]
+    Auth(AuthError),
+    /// `Command::Authorized` nested in another, or inside a `Deduplicated`.
+    #[error("misplaced Authorized wrapper")]
+    MisplacedAuthorized,
+}
+
+impl From<AuthError> for KvError {
+    fn from(e: AuthError) -> Self {
+        KvError::Auth(e)
+    }
 }
 
 /// The result of applying one entry.
@@ -492,6 +522,7 @@ pub enum Response {
     Alarm {
         changed: Option<(u64, AlarmType)>,
     },
+    Auth(AuthResponse),
 }
 
 #[cfg(test)]

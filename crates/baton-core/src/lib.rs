@@ -16,9 +16,13 @@
 //!   revision), so fencing tokens (the holder key's create revision) only grow;
 //! - a fence check accepts a token iff it is `>=` the highest recorded for the resource;
 //! - a `Deduplicated` write is applied at most once per `(client, sequence)`: a retry gets
-//!   the first answer and changes nothing; sessions expire by entry time only.
+//!   the first answer and changes nothing; sessions expire by entry time only;
+//! - with auth enabled, an `Authorized` command is applied only if its user may touch every
+//!   key it names (both branches and the compares of a txn), else it changes nothing; the
+//!   auth revision only grows.
 //!
-//! Codemap: `command`/`types` are the contract with the raft and server crates; `locks` is
+//! Codemap: `auth` is the auth store's data (users, roles, permissions, simple tokens)
+//! and the pure permission check over merged intervals; `command`/`types` are the contract with the raft and server crates; `locks` is
 //! the lock registry (lock-delay, force-release history, queue index) and the fence table;
 //! `clients` (private) holds the de-duplication sessions and their cached answers;
 //! `state_machine` checks then executes each entry (one module per domain: `kv`, `lease`,
@@ -29,6 +33,7 @@
 //! rule every persisted type follows (variants append-only, fields never reorder) and what
 //! pins it (golden bytes).
 
+pub mod auth;
 mod clients;
 pub mod command;
 mod crc32;
@@ -40,6 +45,10 @@ pub mod types;
 mod validate;
 pub mod watch;
 
+pub use auth::{
+    AuthCommand, AuthError, AuthInfo, AuthResponse, AuthState, PermCache, PermType, Permission,
+    Role, SimpleToken, User, UserPerms, MAX_SIMPLE_TOKENS, ROOT,
+};
 pub use clients::{MAX_CACHED_RESPONSES, MAX_CLIENT_SESSIONS};
 pub use command::*;
 pub use locks::{

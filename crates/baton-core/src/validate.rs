@@ -79,7 +79,12 @@ pub(crate) fn validate(cmd: &Command) -> Result<(), KvError> {
         }
         Command::RegisterClient { .. }
         | Command::UnregisterClient { .. }
-        | Command::Alarm { .. } => Ok(()),
+        | Command::Alarm { .. }
+        | Command::Auth(_) => Ok(()),
+        Command::Authorized { command, .. } => match **command {
+            Command::Authorized { .. } => Err(KvError::MisplacedAuthorized),
+            _ => validate(command),
+        },
         Command::Deduplicated {
             sequence, command, ..
         } => {

@@ -192,6 +192,14 @@ impl Node {
         self.parts.leases.new_lease_id()
     }
 
+    /// `n` bytes from the replica's randomness (seeded under simulation, else the OS's):
+    /// the random part of simple auth tokens, which must not be guessable.
+    pub fn random_bytes(&self, n: usize) -> Vec<u8> {
+        let mut out = vec![0; n];
+        rand::RngCore::fill_bytes(&mut *self.parts.replica.rng.lock(), &mut out);
+        out
+    }
+
     pub fn status(&self) -> NodeStatus {
         let replica = &self.parts.replica;
         let m = replica.raft.metrics();

@@ -72,7 +72,8 @@ pub fn origin(command: &Command) -> Origin {
     let mut command = command;
     loop {
         let duty = match command {
-            Command::Deduplicated { command: inner, .. } => {
+            Command::Deduplicated { command: inner, .. }
+            | Command::Authorized { command: inner, .. } => {
                 command = inner;
                 continue;
             }
@@ -93,6 +94,8 @@ pub fn origin(command: &Command) -> Origin {
             | Command::FenceCheck { .. }
             | Command::RegisterClient { .. }
             | Command::UnregisterClient { .. }
+            // The auth store's changes and token issues (maintenance.rs's Auth service).
+            | Command::Auth(_)
             | Command::Alarm {
                 action: AlarmAction::Deactivate,
                 ..
@@ -192,6 +195,14 @@ mod tests {
                 member_id: 1,
                 alarm: baton_core::AlarmType::NoSpace,
             },
+            Command::Auth(baton_core::AuthCommand::Enable),
+            Command::Authorized {
+                auth: baton_core::AuthInfo {
+                    user: "u".into(),
+                    revision: 1,
+                },
+                command: Box::new(Command::Put(PutRequest::default())),
+            },
         ];
         all.into_iter()
             .map(|c| {
@@ -221,7 +232,9 @@ mod tests {
                     | Command::FenceCheck { .. }
                     | Command::RegisterClient { .. }
                     | Command::UnregisterClient { .. }
+                    | Command::Auth(_)
                     | Command::Deduplicated { .. } => Origin::Client,
+                    Command::Authorized { .. } => Origin::Client,
                 };
                 (c, expected)
             })
@@ -233,7 +246,7 @@ mod tests {
         let cases = every_variant();
         assert_eq!(
             cases.len(),
-            18,
+            20,
             "one case per Command variant (two for Alarm)"
         );
         for (command, expected) in cases {
@@ -248,6 +261,14 @@ mod tests {
 
     #[test]
     fn the_leaders_duties_are_exactly_these() {
+        let wrapped_duty = Command::Authorized {
+            auth: baton_core::AuthInfo {
+                user: "u".into(),
+                revision: 1,
+            },
+            command: Box::new(Command::Noop),
+        };
+        assert_eq!(origin(&wrapped_duty), Origin::Leader(LeaderDuty::Noop));
         let duties: Vec<LeaderDuty> = every_variant()
             .into_iter()
             .filter_map(|(c, _)| client_may_propose(&c).err())

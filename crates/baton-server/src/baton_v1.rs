@@ -141,7 +141,11 @@ impl pb::lock_server::Lock for LockService {
         &self,
         request: Request<pb::AcquireRequest>,
     ) -> Result<tonic::Response<pb::AcquireResponse>, Status> {
+        let caller = self.engine.shared().caller(&request)?;
         let r = request.into_inner();
+        self.engine
+            .shared()
+            .check_lock(&caller, baton_core::PermType::Write, &r.name)?;
         let spec = spec(r.name, r.lease, r.timeout_ms, r.try_only, r.lock_delay_ms)?;
         let held = self.engine.acquire(spec).await?;
         Ok(tonic::Response::new(self.acquired(held)))
@@ -151,7 +155,13 @@ impl pb::lock_server::Lock for LockService {
         &self,
         request: Request<pb::AcquireManyRequest>,
     ) -> Result<tonic::Response<pb::AcquireManyResponse>, Status> {
+        let caller = self.engine.shared().caller(&request)?;
         let r = request.into_inner();
+        for name in &r.names {
+            self.engine
+                .shared()
+                .check_lock(&caller, baton_core::PermType::Write, name)?;
+        }
         let mut names = r.names;
         // Sorted order is what makes multi-lock deadlock free: everyone takes locks in the
         // same order.
@@ -207,7 +217,11 @@ impl pb::lock_server::Lock for LockService {
         &self,
         request: Request<pb::ReleaseRequest>,
     ) -> Result<tonic::Response<pb::ReleaseResponse>, Status> {
+        let caller = self.engine.shared().caller(&request)?;
         let r = request.into_inner();
+        self.engine
+            .shared()
+            .check_perm(&caller, baton_core::PermType::Write, &r.key, &[])?;
         let (revision, term) = self
             .engine
             .release(&r.key, FencingToken(r.fencing_token))
@@ -221,7 +235,11 @@ impl pb::lock_server::Lock for LockService {
         &self,
         request: Request<pb::InspectRequest>,
     ) -> Result<tonic::Response<pb::InspectResponse>, Status> {
+        let caller = self.engine.shared().caller(&request)?;
         let r = request.into_inner();
+        self.engine
+            .shared()
+            .check_lock(&caller, baton_core::PermType::Read, &r.name)?;
         if r.name.is_empty() {
             return Err(kv_status(&KvError::EmptyLockName));
         }
@@ -274,7 +292,9 @@ impl pb::lock_server::Lock for LockService {
         &self,
         request: Request<pb::ListLocksRequest>,
     ) -> Result<tonic::Response<pb::ListLocksResponse>, Status> {
+        let caller = self.engine.shared().caller(&request)?;
         let r = request.into_inner();
+        self.engine.shared().require_admin(&caller)?;
         check_size(&r)?;
         if r.limit < 0 {
             return Err(Status::invalid_argument(
@@ -332,7 +352,11 @@ impl pb::lock_server::Lock for LockService {
         &self,
         request: Request<pb::ForceReleaseRequest>,
     ) -> Result<tonic::Response<pb::ForceReleaseResponse>, Status> {
+        let caller = self.engine.shared().caller(&request)?;
         let r = request.into_inner();
+        self.engine
+            .shared()
+            .check_lock(&caller, baton_core::PermType::Write, &r.name)?;
         let command = Command::LockForceRelease {
             name: r.name,
             token: FencingToken(r.fencing_token),
@@ -363,7 +387,11 @@ impl pb::lock_server::Lock for LockService {
         &self,
         request: Request<pb::FencedPutRequest>,
     ) -> Result<tonic::Response<pb::FencedPutResponse>, Status> {
+        let caller = self.engine.shared().caller(&request)?;
         let r = request.into_inner();
+        self.engine
+            .shared()
+            .check_perm(&caller, baton_core::PermType::Write, &r.lock_key, &[])?;
         check_size(&r)?;
         let put = r
             .put
@@ -387,7 +415,11 @@ impl pb::fence_server::Fence for FenceService {
         &self,
         request: Request<pb::FenceCheckRequest>,
     ) -> Result<tonic::Response<pb::FenceCheckResponse>, Status> {
+        let caller = self.engine.shared().caller(&request)?;
         let r = request.into_inner();
+        self.engine
+            .shared()
+            .check_perm(&caller, baton_core::PermType::Write, &r.resource, &[])?;
         check_size(&r)?;
         let command = Command::FenceCheck {
             resource: r.resource,

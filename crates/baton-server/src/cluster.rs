@@ -40,6 +40,8 @@ impl pb::cluster_server::Cluster for ClusterService {
         &self,
         request: Request<pb::MemberAddRequest>,
     ) -> Result<tonic::Response<pb::MemberAddResponse>, Status> {
+        // Root only once auth is enabled, as etcd.
+        self.shared.require_admin(&self.shared.caller(&request)?)?;
         let req = request.into_inner();
         let changed = self
             .shared
@@ -58,6 +60,8 @@ impl pb::cluster_server::Cluster for ClusterService {
         &self,
         request: Request<pb::MemberRemoveRequest>,
     ) -> Result<tonic::Response<pb::MemberRemoveResponse>, Status> {
+        // Root only once auth is enabled, as etcd.
+        self.shared.require_admin(&self.shared.caller(&request)?)?;
         let changed = self
             .shared
             .node
@@ -74,6 +78,8 @@ impl pb::cluster_server::Cluster for ClusterService {
         &self,
         request: Request<pb::MemberUpdateRequest>,
     ) -> Result<tonic::Response<pb::MemberUpdateResponse>, Status> {
+        // Root only once auth is enabled, as etcd.
+        self.shared.require_admin(&self.shared.caller(&request)?)?;
         let req = request.into_inner();
         let changed = self
             .shared
@@ -104,6 +110,8 @@ impl pb::cluster_server::Cluster for ClusterService {
         &self,
         request: Request<pb::MemberPromoteRequest>,
     ) -> Result<tonic::Response<pb::MemberPromoteResponse>, Status> {
+        // Root only once auth is enabled, as etcd.
+        self.shared.require_admin(&self.shared.caller(&request)?)?;
         let changed = self
             .shared
             .node

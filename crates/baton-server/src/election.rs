@@ -180,7 +180,11 @@ impl pb::election_server::Election for ElectionService {
         &self,
         request: Request<pb::CampaignRequest>,
     ) -> Result<tonic::Response<pb::CampaignResponse>, Status> {
+        let caller = self.engine.shared().caller(&request)?;
         let req = request.into_inner();
+        self.engine
+            .shared()
+            .check_lock(&caller, baton_core::PermType::Write, &req.name)?;
         check_size(&req)?;
         let held = self
             .engine
@@ -211,7 +215,13 @@ impl pb::election_server::Election for ElectionService {
         &self,
         request: Request<pb::ProclaimRequest>,
     ) -> Result<tonic::Response<pb::ProclaimResponse>, Status> {
+        let caller = self.engine.shared().caller(&request)?;
         let req = request.into_inner();
+        if let Some(l) = &req.leader {
+            self.engine
+                .shared()
+                .check_lock(&caller, baton_core::PermType::Write, &l.name)?;
+        }
         check_size(&req)?;
         let leader = req
             .leader
@@ -232,7 +242,11 @@ impl pb::election_server::Election for ElectionService {
         &self,
         request: Request<pb::LeaderRequest>,
     ) -> Result<tonic::Response<pb::LeaderResponse>, Status> {
+        let caller = self.engine.shared().caller(&request)?;
         let req = request.into_inner();
+        self.engine
+            .shared()
+            .check_lock(&caller, baton_core::PermType::Read, &req.name)?;
         check_name(&req.name)?;
         let shared = self.engine.shared();
         shared.read_barrier().await?;
@@ -252,7 +266,11 @@ impl pb::election_server::Election for ElectionService {
         &self,
         request: Request<pb::LeaderRequest>,
     ) -> Result<tonic::Response<Self::ObserveStream>, Status> {
+        let caller = self.engine.shared().caller(&request)?;
         let req = request.into_inner();
+        self.engine
+            .shared()
+            .check_lock(&caller, baton_core::PermType::Read, &req.name)?;
         check_name(&req.name)?;
         let shared = self.engine.shared().clone();
         shared.read_barrier().await?;
@@ -269,7 +287,13 @@ impl pb::election_server::Election for ElectionService {
         &self,
         request: Request<pb::ResignRequest>,
     ) -> Result<tonic::Response<pb::ResignResponse>, Status> {
+        let caller = self.engine.shared().caller(&request)?;
         let req = request.into_inner();
+        if let Some(l) = &req.leader {
+            self.engine
+                .shared()
+                .check_lock(&caller, baton_core::PermType::Write, &l.name)?;
+        }
         let leader = req
             .leader
             .ok_or_else(|| Status::unknown(ELECTION_MISSING_LEADER))?;

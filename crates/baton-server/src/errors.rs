@@ -5,7 +5,7 @@
 
 use std::borrow::Cow;
 
-use baton_core::{FencingToken, KvError};
+use baton_core::{AuthError, FencingToken, KvError};
 use baton_raft::{MemberError, ProposeError, TransferError};
 use tonic::{Code, Status};
 
@@ -64,8 +64,70 @@ pub fn kv_status(err: &KvError) -> Status {
         KvError::UnknownClient | KvError::StaleSequence => Code::FailedPrecondition,
         KvError::InvalidSequence | KvError::NotDeduplicable => Code::InvalidArgument,
         KvError::NoSpace => Code::ResourceExhausted,
+        KvError::Auth(e) => return auth_status(*e),
+        KvError::MisplacedAuthorized => Code::Internal,
     };
     Status::new(code, kv_message(err))
+}
+
+/// etcd's `ErrGRPCInvalidAuthToken` (code `Unauthenticated`): clients authenticate again
+/// when they see it.
+pub const INVALID_AUTH_TOKEN: &str = "etcdserver: invalid auth token";
+
+/// etcd's `rpctypes` status of an auth store refusal, code and message byte for byte.
+pub fn auth_status(err: AuthError) -> Status {
+    let code = match err {
+        AuthError::UserEmpty
+        | AuthError::AuthFailed
+        | AuthError::RoleEmpty
+        | AuthError::InvalidAuthMgmt
+        | AuthError::AuthOldRevision => Code::InvalidArgument,
+        AuthError::PermissionDenied => Code::PermissionDenied,
+        AuthError::UserAlreadyExist
+        | AuthError::UserNotFound
+        | AuthError::RoleAlreadyExist
+        | AuthError::RoleNotFound
+        | AuthError::RoleNotGranted
+        | AuthError::PermissionNotGranted
+        | AuthError::RootUserNotExist
+        | AuthError::RootRoleNotExist
+        | AuthError::AuthNotEnabled => Code::FailedPrecondition,
+    };
+    Status::new(code, auth_message(err))
+}
+
+/// etcd's words for an auth store refusal.
+pub fn auth_message(err: AuthError) -> &'static str {
+    match err {
+        AuthError::UserEmpty => "etcdserver: user name is empty",
+        AuthError::AuthFailed => "etcdserver: authentication failed, invalid user ID or password",
+        AuthError::UserAlreadyExist => "etcdserver: user name already exists",
+        AuthError::UserNotFound => "etcdserver: user name not found",
+        AuthError::RoleAlreadyExist => "etcdserver: role name already exists",
+        AuthError::RoleNotFound => "etcdserver: role name not found",
+        AuthError::RoleEmpty => "etcdserver: role name is empty",
+        AuthError::PermissionDenied => "etcdserver: permission denied",
+        AuthError::RoleNotGranted => "etcdserver: role is not granted to the user",
+        AuthError::PermissionNotGranted => "etcdserver: permission is not granted to the role",
+        AuthError::RootUserNotExist => "etcdserver: root user does not exist",
+        AuthError::RootRoleNotExist => "etcdserver: root user does not have root role",
+        AuthError::AuthNotEnabled => "etcdserver: authentication is not enabled",
+        AuthError::AuthOldRevision => "etcdserver: revision of auth store is old",
+        AuthError::InvalidAuthMgmt => "etcdserver: invalid auth management",
+    }
+}
+
+/// What grpc-go's `status.Error(...).Error()` reads for `status`: etcd puts this text in a
+/// watch's `cancel_reason` (and clients compare it whole).
+pub fn go_status_text(status: &Status) -> String {
+    let code = match status.code() {
+        Code::PermissionDenied => "PermissionDenied",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::Unauthenticated => "Unauthenticated",
+        Code::FailedPrecondition => "FailedPrecondition",
+        other => return format!("rpc error: code = {other:?} desc = {}", status.message()),
+    };
+    format!("rpc error: code = {code} desc = {}", status.message())
 }
 
 /// What a client reads for a domain error: etcd's message byte for byte (its `rpctypes`;
@@ -123,6 +185,8 @@ pub fn kv_message(err: &KvError) -> Cow<'static, str> {
         KvError::InvalidSequence => "baton: request sequence must be positive".into(),
         KvError::NotDeduplicable => "baton: this request cannot be de-duplicated".into(),
         KvError::NoSpace => NO_SPACE.into(),
+        KvError::Auth(e) => auth_message(*e).into(),
+        KvError::MisplacedAuthorized => "baton: internal error: misplaced auth wrapper".into(),
     }
 }
 
@@ -354,6 +418,8 @@ mod tests {
             (KvError::InvalidSequence, Code::InvalidArgument, "baton: request sequence must be positive"),
             (KvError::NotDeduplicable, Code::InvalidArgument, "baton: this request cannot be de-duplicated"),
             (KvError::NoSpace, Code::ResourceExhausted, "etcdserver: mvcc: database space exceeded"),
+            (KvError::Auth(AuthError::PermissionDenied), Code::PermissionDenied, "etcdserver: permission denied"),
+            (KvError::MisplacedAuthorized, Code::Internal, "baton: internal error: misplaced auth wrapper"),
         ];
         for (err, code, message) in &cases {
             let s = kv_status(err);
@@ -364,6 +430,100 @@ mod tests {
         assert_eq!(
             cases.len(),
             baton_core::format::variant_count::<KvError>() as usize
+        );
+    }
+
+    /// etcd's `rpctypes` codes and messages of every auth store refusal, byte for byte.
+    #[test]
+    fn every_auth_error_has_etcd_s_code_and_message() {
+        let cases = [
+            (
+                AuthError::UserEmpty,
+                Code::InvalidArgument,
+                "etcdserver: user name is empty",
+            ),
+            (
+                AuthError::AuthFailed,
+                Code::InvalidArgument,
+                "etcdserver: authentication failed, invalid user ID or password",
+            ),
+            (
+                AuthError::UserAlreadyExist,
+                Code::FailedPrecondition,
+                "etcdserver: user name already exists",
+            ),
+            (
+                AuthError::UserNotFound,
+                Code::FailedPrecondition,
+                "etcdserver: user name not found",
+            ),
+            (
+                AuthError::RoleAlreadyExist,
+                Code::FailedPrecondition,
+                "etcdserver: role name already exists",
+            ),
+            (
+                AuthError::RoleNotFound,
+                Code::FailedPrecondition,
+                "etcdserver: role name not found",
+            ),
+            (
+                AuthError::RoleEmpty,
+                Code::InvalidArgument,
+                "etcdserver: role name is empty",
+            ),
+            (
+                AuthError::PermissionDenied,
+                Code::PermissionDenied,
+                "etcdserver: permission denied",
+            ),
+            (
+                AuthError::RoleNotGranted,
+                Code::FailedPrecondition,
+                "etcdserver: role is not granted to the user",
+            ),
+            (
+                AuthError::PermissionNotGranted,
+                Code::FailedPrecondition,
+                "etcdserver: permission is not granted to the role",
+            ),
+            (
+                AuthError::RootUserNotExist,
+                Code::FailedPrecondition,
+                "etcdserver: root user does not exist",
+            ),
+            (
+                AuthError::RootRoleNotExist,
+                Code::FailedPrecondition,
+                "etcdserver: root user does not have root role",
+            ),
+            (
+                AuthError::AuthNotEnabled,
+                Code::FailedPrecondition,
+                "etcdserver: authentication is not enabled",
+            ),
+            (
+                AuthError::AuthOldRevision,
+                Code::InvalidArgument,
+                "etcdserver: revision of auth store is old",
+            ),
+            (
+                AuthError::InvalidAuthMgmt,
+                Code::InvalidArgument,
+                "etcdserver: invalid auth management",
+            ),
+        ];
+        for (err, code, message) in &cases {
+            let s = auth_status(*err);
+            assert_eq!((s.code(), s.message()), (*code, *message), "{err:?}");
+        }
+        assert_eq!(
+            cases.len(),
+            baton_core::format::variant_count::<AuthError>() as usize
+        );
+        assert_eq!(
+            go_status_text(&auth_status(AuthError::PermissionDenied)),
+            "rpc error: code = PermissionDenied desc = etcdserver: permission denied"
         );
     }
 

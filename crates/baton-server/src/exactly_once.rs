@@ -30,6 +30,7 @@ struct Answer {
 impl ExactlyOnceService {
     async fn propose(
         &self,
+        caller: &crate::Caller,
         id: Option<pb::RequestId>,
         acknowledged_below: u64,
         command: Command,
@@ -47,7 +48,7 @@ impl ExactlyOnceService {
             command: Box::new(command),
         };
         StateMachine::validate(&command).map_err(|e| kv_status(&e))?;
-        let proposed = self.shared.propose(command).await?;
+        let proposed = self.shared.propose_as(caller, command).await?;
         match proposed.applied.response {
             Response::Deduplicated {
                 replayed,
@@ -129,11 +130,13 @@ impl pb::exactly_once_server::ExactlyOnce for ExactlyOnceService {
         &self,
         request: Request<pb::ExactlyOncePutRequest>,
     ) -> Result<tonic::Response<pb::ExactlyOncePutResponse>, Status> {
+        let caller = self.shared.caller(&request)?;
         let req = request.into_inner();
         let put = req.request.unwrap_or_default();
         check_size(&put)?;
         let a = self
             .propose(
+                &caller,
                 req.id,
                 req.acknowledged_below,
                 Command::Put(convert::put_from_pb(put)?),
@@ -152,11 +155,13 @@ impl pb::exactly_once_server::ExactlyOnce for ExactlyOnceService {
         &self,
         request: Request<pb::ExactlyOnceDeleteRangeRequest>,
     ) -> Result<tonic::Response<pb::ExactlyOnceDeleteRangeResponse>, Status> {
+        let caller = self.shared.caller(&request)?;
         let req = request.into_inner();
         let del = req.request.unwrap_or_default();
         check_size(&del)?;
         let a = self
             .propose(
+                &caller,
                 req.id,
                 req.acknowledged_below,
                 Command::DeleteRange(convert::delete_from_pb(del)),
@@ -177,11 +182,13 @@ impl pb::exactly_once_server::ExactlyOnce for ExactlyOnceService {
         &self,
         request: Request<pb::ExactlyOnceTxnRequest>,
     ) -> Result<tonic::Response<pb::ExactlyOnceTxnResponse>, Status> {
+        let caller = self.shared.caller(&request)?;
         let req = request.into_inner();
         let txn = req.request.unwrap_or_default();
         check_size(&txn)?;
         let a = self
             .propose(
+                &caller,
                 req.id,
                 req.acknowledged_below,
                 Command::Txn(convert::txn_from_pb(txn)?),

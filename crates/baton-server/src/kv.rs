@@ -5,8 +5,9 @@ use baton_proto::etcdserverpb as pb;
 use prost::Message;
 use tonic::{Request, Status};
 
+use crate::access::Caller;
 use crate::convert;
-use crate::errors::{kv_status, TOO_LARGE};
+use crate::errors::{auth_status, kv_status, TOO_LARGE};
 use crate::Shared;
 
 // The decoder refuses txns nested deeper than this before they are built; etcd's deepest
@@ -27,9 +28,13 @@ pub(crate) fn check_size<M: Message>(m: &M) -> Result<(), Status> {
 }
 
 impl KvService {
-    async fn propose(&self, command: Command) -> Result<(Response, pb::ResponseHeader), Status> {
+    async fn propose(
+        &self,
+        caller: &Caller,
+        command: Command,
+    ) -> Result<(Response, pb::ResponseHeader), Status> {
         StateMachine::validate(&command).map_err(|e| kv_status(&e))?;
-        let proposed = self.shared.propose(command).await?;
+        let proposed = self.shared.propose_as(caller, command).await?;
         let header = self
             .shared
             .header_at(proposed.applied.revision.0, proposed.raft_term);
@@ -46,6 +51,7 @@ impl pb::kv_server::Kv for KvService {
         &self,
         request: Request<pb::RangeRequest>,
     ) -> Result<tonic::Response<pb::RangeResponse>, Status> {
+        let caller = self.shared.caller(&request)?;
         let req = request.into_inner();
         if req.key.is_empty() {
             return Err(kv_status(&KvError::EmptyKey));
@@ -60,8 +66,21 @@ impl pb::kv_server::Kv for KvService {
             self.shared.read_barrier().await?;
         }
         let req = convert::range_from_pb(req);
-        let (result, revision) = self.shared.node.read(|sm| (sm.range(&req), sm.revision()));
-        let resp = result.map_err(|e| kv_status(&e))?;
+        // The check and the read see one state, so a revocation applied in between cannot
+        // let this read through (etcd's `doSerialize` re-checks the revision instead).
+        let (result, revision) = self.shared.node.read(|sm| {
+            let permitted = sm.auth_permitted(
+                caller.as_ref(),
+                baton_core::PermType::Read,
+                &req.range.key,
+                &req.range.range_end,
+            );
+            match permitted {
+                Ok(()) => (sm.range(&req).map_err(|e| kv_status(&e)), sm.revision()),
+                Err(e) => (Err(auth_status(e)), sm.revision()),
+            }
+        });
+        let resp = result?;
         let header = self.shared.header_at(revision.0, self.shared.term());
         Ok(tonic::Response::new(convert::range_resp_to_pb(
             resp, header,
@@ -72,10 +91,11 @@ impl pb::kv_server::Kv for KvService {
         &self,
         request: Request<pb::PutRequest>,
     ) -> Result<tonic::Response<pb::PutResponse>, Status> {
+        let caller = self.shared.caller(&request)?;
         let req = request.into_inner();
         check_size(&req)?;
         let (resp, header) = self
-            .propose(Command::Put(convert::put_from_pb(req)?))
+            .propose(&caller, Command::Put(convert::put_from_pb(req)?))
             .await?;
         match resp {
             Response::Put(p) => Ok(tonic::Response::new(convert::put_resp_to_pb(p, header))),
@@ -87,10 +107,11 @@ impl pb::kv_server::Kv for KvService {
         &self,
         request: Request<pb::DeleteRangeRequest>,
     ) -> Result<tonic::Response<pb::DeleteRangeResponse>, Status> {
+        let caller = self.shared.caller(&request)?;
         let req = request.into_inner();
         check_size(&req)?;
         let (resp, header) = self
-            .propose(Command::DeleteRange(convert::delete_from_pb(req)))
+            .propose(&caller, Command::DeleteRange(convert::delete_from_pb(req)))
             .await?;
         match resp {
             Response::DeleteRange(d) => {
@@ -104,10 +125,11 @@ impl pb::kv_server::Kv for KvService {
         &self,
         request: Request<pb::TxnRequest>,
     ) -> Result<tonic::Response<pb::TxnResponse>, Status> {
+        let caller = self.shared.caller(&request)?;
         let req = request.into_inner();
         check_size(&req)?;
         let txn = convert::txn_from_pb(req)?;
-        let (resp, header) = self.propose(Command::Txn(txn)).await?;
+        let (resp, header) = self.propose(&caller, Command::Txn(txn)).await?;
         match resp {
             Response::Txn(t) => Ok(tonic::Response::new(convert::txn_resp_to_pb(t, &header))),
             other => Err(unexpected(other)),
@@ -118,11 +140,15 @@ impl pb::kv_server::Kv for KvService {
         &self,
         request: Request<pb::CompactionRequest>,
     ) -> Result<tonic::Response<pb::CompactionResponse>, Status> {
+        let caller = self.shared.caller(&request)?;
         let req = request.into_inner();
         let (_, header) = self
-            .propose(Command::Compact {
-                revision: baton_core::Revision(req.revision),
-            })
+            .propose(
+                &caller,
+                Command::Compact {
+                    revision: baton_core::Revision(req.revision),
+                },
+            )
             .await?;
         Ok(tonic::Response::new(pb::CompactionResponse {
             header: Some(header),

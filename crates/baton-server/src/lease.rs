@@ -119,12 +119,17 @@ impl pb::lease_server::Lease for LeaseService {
         &self,
         request: Request<pb::LeaseRevokeRequest>,
     ) -> Result<tonic::Response<pb::LeaseRevokeResponse>, Status> {
+        let caller = self.shared.caller(&request)?;
         let req = request.into_inner();
+        // Revoking deletes the lease's keys: write on each of them (etcd's checkLeasePuts).
         let proposed = self
             .shared
-            .propose(Command::LeaseRevoke {
-                id: LeaseId(req.id),
-            })
+            .propose_as(
+                &caller,
+                Command::LeaseRevoke {
+                    id: LeaseId(req.id),
+                },
+            )
             .await?;
         let header = self
             .shared

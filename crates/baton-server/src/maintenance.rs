@@ -1,5 +1,5 @@
-//! `etcdserverpb.Maintenance` (status, alarms, hashes, defragment) and `etcdserverpb.Auth`
-//! (reports auth as disabled, which etcd clients handle by carrying on without a token).
+//! `etcdserverpb.Maintenance` (status, alarms, hashes, defragment); root only once auth is
+//! enabled, as in etcd (`Auth` is `auth_service.rs`).
 
 use std::pin::Pin;
 
@@ -45,6 +45,7 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         request: Request<pb::AlarmRequest>,
     ) -> Result<tonic::Response<pb::AlarmResponse>, Status> {
         use pb::alarm_request::AlarmAction as Action;
+        let caller = self.shared.caller(&request)?;
         let req = request.into_inner();
         let alarms = match req.action() {
             // A raised alarm stops every write of the cluster, so only a member's own disk
@@ -69,6 +70,10 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
             }
             // Exactly (member, alarm), as etcd's `Deactivate`; `etcdctl alarm disarm` lists
             // the alarms first and deactivates each.
+            // Clearing an alarm lets the whole cluster write again: root only.
+            Action::Deactivate if self.shared.require_admin(&caller).is_err() => {
+                return Err(self.shared.require_admin(&caller).unwrap_err());
+            }
             Action::Deactivate => match core_alarm(req.alarm()) {
                 None => Vec::new(),
                 Some(alarm) => {
@@ -125,8 +130,10 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
 
     async fn defragment(
         &self,
-        _request: Request<pb::DefragmentRequest>,
+        request: Request<pb::DefragmentRequest>,
     ) -> Result<tonic::Response<pb::DefragmentResponse>, Status> {
+        // Root only once auth is enabled, as etcd.
+        self.shared.require_admin(&self.shared.caller(&request)?)?;
         // The store lives in memory and the log is purged by snapshots, so there is nothing
         // to defragment; succeed as etcd does on an already compact backend.
         Ok(tonic::Response::new(pb::DefragmentResponse {
@@ -136,8 +143,10 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
 
     async fn hash(
         &self,
-        _request: Request<pb::HashRequest>,
+        request: Request<pb::HashRequest>,
     ) -> Result<tonic::Response<pb::HashResponse>, Status> {
+        // Root only once auth is enabled, as etcd.
+        self.shared.require_admin(&self.shared.caller(&request)?)?;
         let (hash, revision) = self.shared.node.read(|sm| (sm.hash_kv(0), sm.revision()));
         let hash = hash.map_err(|e| kv_status(&e))?;
         Ok(tonic::Response::new(pb::HashResponse {
@@ -150,6 +159,8 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         &self,
         request: Request<pb::HashKvRequest>,
     ) -> Result<tonic::Response<pb::HashKvResponse>, Status> {
+        // Root only once auth is enabled, as etcd.
+        self.shared.require_admin(&self.shared.caller(&request)?)?;
         let req = request.into_inner();
         let (hash, compact, revision) = self.shared.node.read(|sm| {
             (
@@ -171,8 +182,10 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
 
     async fn snapshot(
         &self,
-        _request: Request<pb::SnapshotRequest>,
+        request: Request<pb::SnapshotRequest>,
     ) -> Result<tonic::Response<Self::SnapshotStream>, Status> {
+        // Root only once auth is enabled, as etcd.
+        self.shared.require_admin(&self.shared.caller(&request)?)?;
         Err(not_supported("snapshot streaming"))
     }
 
@@ -180,6 +193,8 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         &self,
         request: Request<pb::MoveLeaderRequest>,
     ) -> Result<tonic::Response<pb::MoveLeaderResponse>, Status> {
+        // Root only once auth is enabled, as etcd.
+        self.shared.require_admin(&self.shared.caller(&request)?)?;
         let target = request.into_inner().target_id;
         self.shared
             .node
@@ -196,81 +211,5 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         _request: Request<pb::DowngradeRequest>,
     ) -> Result<tonic::Response<pb::DowngradeResponse>, Status> {
         Err(not_supported("downgrade"))
-    }
-}
-
-/// The Auth service: authentication is not enabled.
-pub struct AuthService {
-    pub(crate) shared: Shared,
-}
-
-fn auth_not_enabled() -> Status {
-    Status::failed_precondition("etcdserver: authentication is not enabled")
-}
-
-/// Expands to trait methods with the exact shape `#[tonic::async_trait]` gives the trait's
-/// own declarations (the attribute does not see inside macro calls, so the boxing is spelled
-/// out here).
-macro_rules! auth_disabled_rpcs {
-    ($($method:ident: $req:ty => $resp:ty;)*) => {
-        $(
-            fn $method<'life0, 'async_trait>(
-                &'life0 self,
-                _request: Request<$req>,
-            ) -> Pin<Box<dyn std::future::Future<Output = Result<tonic::Response<$resp>, Status>> + Send + 'async_trait>>
-            where
-                'life0: 'async_trait,
-                Self: 'async_trait,
-            {
-                Box::pin(async { Err(auth_not_enabled()) })
-            }
-        )*
-    };
-}
-
-#[tonic::async_trait]
-impl pb::auth_server::Auth for AuthService {
-    async fn auth_enable(
-        &self,
-        _request: Request<pb::AuthEnableRequest>,
-    ) -> Result<tonic::Response<pb::AuthEnableResponse>, Status> {
-        Err(not_supported("authentication"))
-    }
-
-    async fn auth_disable(
-        &self,
-        _request: Request<pb::AuthDisableRequest>,
-    ) -> Result<tonic::Response<pb::AuthDisableResponse>, Status> {
-        Ok(tonic::Response::new(pb::AuthDisableResponse {
-            header: Some(self.shared.header()),
-        }))
-    }
-
-    async fn auth_status(
-        &self,
-        _request: Request<pb::AuthStatusRequest>,
-    ) -> Result<tonic::Response<pb::AuthStatusResponse>, Status> {
-        Ok(tonic::Response::new(pb::AuthStatusResponse {
-            header: Some(self.shared.header()),
-            enabled: false,
-            auth_revision: 0,
-        }))
-    }
-
-    auth_disabled_rpcs! {
-        authenticate: pb::AuthenticateRequest => pb::AuthenticateResponse;
-        user_add: pb::AuthUserAddRequest => pb::AuthUserAddResponse;
-        user_get: pb::AuthUserGetRequest => pb::AuthUserGetResponse;
-        user_list: pb::AuthUserListRequest => pb::AuthUserListResponse;
-        user_delete: pb::AuthUserDeleteRequest => pb::AuthUserDeleteResponse;
-        user_change_password: pb::AuthUserChangePasswordRequest => pb::AuthUserChangePasswordResponse;
-        user_grant_role: pb::AuthUserGrantRoleRequest => pb::AuthUserGrantRoleResponse;
-        user_revoke_role: pb::AuthUserRevokeRoleRequest => pb::AuthUserRevokeRoleResponse;
-        role_add: pb::AuthRoleAddRequest => pb::AuthRoleAddResponse;
-        role_get: pb::AuthRoleGetRequest => pb::AuthRoleGetResponse;
-        role_list: pb::AuthRoleListRequest => pb::AuthRoleListResponse;
-        role_delete: pb::AuthRoleDeleteRequest => pb::AuthRoleDeleteResponse;
-        role_grant_permission: pb::AuthRoleGrantPermissionRequest => pb::AuthRoleGrantPermissionResponse;
-        role_revoke_permission: pb::AuthRoleRevokePermissionRequest => pb::AuthRoleRevokePermissionResponse;
     }
 }

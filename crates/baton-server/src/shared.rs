@@ -29,6 +29,8 @@ pub struct ServerConfig {
     /// `--max-concurrent-streams`; default
     /// [`DEFAULT_MAX_CONCURRENT_STREAMS`](crate::transport::DEFAULT_MAX_CONCURRENT_STREAMS)).
     pub max_concurrent_streams: u32,
+    /// Tokens (`--auth-token`, `--auth-token-ttl`) and password hashing (`--bcrypt-cost`).
+    pub auth: crate::auth::Authenticator,
 }
 
 /// State shared by all services: the replica and the bits every handler needs.

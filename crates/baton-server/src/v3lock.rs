@@ -26,7 +26,11 @@ impl pb::lock_server::Lock for V3LockService {
         &self,
         request: Request<pb::LockRequest>,
     ) -> Result<tonic::Response<pb::LockResponse>, Status> {
+        let caller = self.engine.shared().caller(&request)?;
         let req = request.into_inner();
+        self.engine
+            .shared()
+            .check_lock(&caller, baton_core::PermType::Write, &req.name)?;
         let held = self
             .engine
             .acquire(AcquireSpec {
@@ -52,7 +56,9 @@ impl pb::lock_server::Lock for V3LockService {
         &self,
         request: Request<pb::UnlockRequest>,
     ) -> Result<tonic::Response<pb::UnlockResponse>, Status> {
+        let caller = self.engine.shared().caller(&request)?;
         let req = request.into_inner();
+
         let command = Command::DeleteRange(DeleteRangeRequest {
             range: KeyRange {
                 key: req.key,
@@ -62,7 +68,7 @@ impl pb::lock_server::Lock for V3LockService {
         });
         baton_core::StateMachine::validate(&command).map_err(|e| kv_status(&e))?;
         let shared = self.engine.shared();
-        let p = shared.propose(command).await?;
+        let p = shared.propose_as(&caller, command).await?;
         match p.applied.response {
             Response::DeleteRange(_) => Ok(tonic::Response::new(pb::UnlockResponse {
                 header: Some(shared.header_at(p.applied.revision.0, p.raft_term)),

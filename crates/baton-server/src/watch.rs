@@ -16,8 +16,14 @@ use prost::Message;
 use tokio::sync::mpsc;
 use tonic::{Request, Status, Streaming};
 
+use crate::conn::ClientConnectInfo;
 use crate::convert::event_to_pb;
+use crate::errors::{auth_status, go_status_text};
 use crate::Shared;
+
+/// How often a stream with watchers looks for a changed auth store (a revoked permission
+/// cancels the watchers it no longer covers).
+const AUTH_RECHECK: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Responses queued per stream before the stream's task waits for the client to read.
 const STREAM_QUEUE: usize = 128;
@@ -68,9 +74,16 @@ impl pb::watch_server::Watch for WatchService {
         if wants_leader {
             self.shared.require_leader()?;
         }
+        let identity = (
+            request.metadata().clone(),
+            request.extensions().get::<ClientConnectInfo>().cloned(),
+        );
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+        let auth_seen = self.shared.node.read(|sm| sm.auth_revision());
         let session = Session {
+            identity,
+            auth_seen,
             shared: self.shared.clone(),
             tx,
             watchers: BTreeMap::new(),
@@ -91,6 +104,8 @@ impl pb::watch_server::Watch for WatchService {
 
 struct Watcher {
     hub_id: WatcherId,
+    /// What it watches, for re-checking the caller's permission.
+    range: KeyRange,
     fragment: bool,
     progress_notify: bool,
     /// Events were sent since the last periodic progress notification.
@@ -98,6 +113,11 @@ struct Watcher {
 }
 
 struct Session {
+    /// The stream's metadata (its token) and connection (a client certificate): the caller
+    /// is resolved from them at each create and each auth check.
+    identity: (tonic::metadata::MetadataMap, Option<ClientConnectInfo>),
+    /// The auth revision the watchers' permissions were last checked at.
+    auth_seen: u64,
     shared: Shared,
     tx: mpsc::Sender<Result<pb::WatchResponse, Status>>,
     watchers: BTreeMap<i64, Watcher>,
@@ -119,6 +139,8 @@ impl Session {
         let mut ticker = tokio::time::interval(self.shared.config.watch_progress_interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticker.tick().await;
+        let mut auth_ticker = tokio::time::interval(AUTH_RECHECK);
+        auth_ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             if self.pump_needed {
                 if self.pump().await.is_err() {
@@ -152,6 +174,11 @@ impl Session {
                 }
                 _ = ticker.tick() => {
                     if self.progress_tick().await.is_err() {
+                        break;
+                    }
+                }
+                _ = auth_ticker.tick(), if !self.watchers.is_empty() => {
+                    if self.recheck_auth().await.is_err() {
                         break;
                     }
                 }
@@ -198,6 +225,64 @@ impl Session {
         }
     }
 
+    /// etcd checks a watch's permission when it is created; Baton also cancels a running
+    /// watcher once the caller may no longer read its range (a revoked role or
+    /// permission, a deleted user), with etcd's "permission denied" as the reason.
+    async fn recheck_auth(&mut self) -> Result<(), Gone> {
+        let (enabled, revision) = self
+            .shared
+            .node
+            .read(|sm| (sm.auth_enabled(), sm.auth_revision()));
+        if revision == self.auth_seen {
+            return Ok(());
+        }
+        self.auth_seen = revision;
+        if !enabled {
+            return Ok(());
+        }
+        let caller = self
+            .shared
+            .caller_from(&self.identity.0, self.identity.1.as_ref())
+            .ok()
+            .flatten()
+            .map(|mut c| {
+                // A JWT names the revision it was issued at; the question here is only
+                // whether the user may read, now.
+                c.revision = revision;
+                c
+            });
+        let denied: Vec<i64> = self
+            .watchers
+            .iter()
+            .filter(|(_, w)| {
+                let r = &w.range;
+                self.shared
+                    .check_perm(&caller, baton_core::PermType::Read, &r.key, &r.range_end)
+                    .is_err()
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for watch_id in denied {
+            let Some(w) = self.watchers.remove(&watch_id) else {
+                continue;
+            };
+            self.shared
+                .node
+                .with_watch_hub(|hub, _| hub.remove(w.hub_id));
+            metrics::gauge!("baton_watchers").decrement(1.0);
+            let reason = go_status_text(&auth_status(baton_core::AuthError::PermissionDenied));
+            self.send(pb::WatchResponse {
+                header: Some(self.shared.header()),
+                watch_id,
+                canceled: true,
+                cancel_reason: reason,
+                ..Default::default()
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
     async fn refuse_create(&self, reason: String) -> Result<(), Gone> {
         self.send(pb::WatchResponse {
             header: Some(self.shared.header()),
@@ -225,6 +310,17 @@ impl Session {
         // A range end of "\0" means every key from `key` on; any other must come after it.
         if !c.range_end.is_empty() && c.range_end != [0] && key >= c.range_end {
             return self.refuse_create(EMPTY_WATCHER_RANGE.into()).await;
+        }
+        // etcd's `isWatchPermitted`, before the duplicate-id check.
+        let permitted = self
+            .shared
+            .caller_from(&self.identity.0, self.identity.1.as_ref())
+            .and_then(|caller| {
+                self.shared
+                    .check_perm(&caller, baton_core::PermType::Read, &c.key, &c.range_end)
+            });
+        if let Err(status) = permitted {
+            return self.refuse_create(go_status_text(&status)).await;
         }
         if c.watch_id != 0 && self.watchers.contains_key(&c.watch_id) {
             return self.refuse_create(DUPLICATE_WATCH_ID.into()).await;
@@ -267,6 +363,10 @@ impl Session {
             watch_id,
             Watcher {
                 hub_id,
+                range: KeyRange {
+                    key: c.key.clone(),
+                    range_end: c.range_end.clone(),
+                },
                 fragment: c.fragment,
                 progress_notify: c.progress_notify,
                 sent_since_tick: false,

@@ -52,6 +52,9 @@ enum Command {
     Elect(cli::elect::ElectArgs),
     Member(cli::member::MemberArgs),
     MoveLeader(cli::member::MoveLeaderArgs),
+    Auth(cli::auth::AuthArgs),
+    User(cli::auth::UserArgs),
+    Role(cli::auth::RoleArgs),
     Bench(cli::bench::BenchArgs),
     Saga(cli::saga::SagaArgs),
     // Was `baton txn`: kept as a hidden alias for one release ("txn" is etcd's transaction).
@@ -83,6 +86,9 @@ fn main() -> Result<()> {
             std::process::exit(code)
         }
         Command::Member(args) => std::process::exit(runtime.block_on(cli::member::run(args))),
+        Command::Auth(args) => std::process::exit(runtime.block_on(cli::auth::run_auth(args))),
+        Command::User(args) => std::process::exit(runtime.block_on(cli::auth::run_user(args))),
+        Command::Role(args) => std::process::exit(runtime.block_on(cli::auth::run_role(args))),
         Command::Bench(args) => std::process::exit(runtime.block_on(cli::bench::run(args))),
         Command::Saga(args) => std::process::exit(runtime.block_on(cli::saga::run(args))),
         Command::TwoPc(args) => std::process::exit(runtime.block_on(cli::twopc::run(args))),

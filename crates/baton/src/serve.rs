@@ -108,6 +108,17 @@ pub struct ServeArgs {
     /// windows whatever the stream count (`baton_server::transport`).
     #[arg(long, default_value_t = baton_server::transport::DEFAULT_MAX_CONCURRENT_STREAMS, value_parser = clap::value_parser!(u32).range(1..))]
     max_concurrent_streams: u32,
+    /// etcd's `--auth-token`: `simple` (etcd's default: random tokens kept by the cluster,
+    /// `--auth-token-ttl`), or `jwt,pub-key=PATH,priv-key=PATH,sign-method=RS256|PS256|
+    /// ES256|…[,ttl=5m]` (signed tokens; `pub-key` may be a certificate).
+    #[arg(long, default_value = "simple")]
+    auth_token: String,
+    /// Seconds a simple token stays valid while unused (etcd's `--auth-token-ttl`).
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    auth_token_ttl: u64,
+    /// bcrypt's cost for user passwords, 4 to 31 (etcd's `--bcrypt-cost`).
+    #[arg(long, default_value_t = 10)]
+    bcrypt_cost: u32,
     /// The client port's TLS certificate (PEM), for `https://` client URLs.
     #[arg(long)]
     cert_file: Option<PathBuf>,
@@ -397,6 +408,18 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         }
     }
 
+    let auth = baton_server::auth::Authenticator::from_flags(
+        &args.auth_token,
+        Duration::from_secs(args.auth_token_ttl),
+        args.bcrypt_cost,
+    );
+    let auth = match auth {
+        Ok(auth) => auth,
+        Err(e) => {
+            node.shutdown().await;
+            return Err(e.into());
+        }
+    };
     // etcd: minTTL = ceil(1.5 × election timeout).
     let min_lease_ttl_s = ((election_timeout.as_millis() as u64 * 3).div_ceil(2000) as i64).max(1);
     let shared = baton_server::Shared {
@@ -409,6 +432,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
                 args.watch_progress_notify_interval.max(1),
             ),
             max_concurrent_streams: args.max_concurrent_streams,
+            auth,
         },
     };
     // A member removed from the cluster stops serving (as etcd does): it would otherwise

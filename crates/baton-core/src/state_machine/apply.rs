@@ -33,10 +33,12 @@ impl StateMachine {
         };
         let response = match self.apply_command(&entry.command, &mut w) {
             Ok(r) => {
-                let cmd = match &entry.command {
-                    Command::Deduplicated { command, .. } => command,
-                    other => other,
-                };
+                let mut cmd = &entry.command;
+                while let Command::Deduplicated { command, .. }
+                | Command::Authorized { command, .. } = cmd
+                {
+                    cmd = command;
+                }
                 self.collect_idle_locks(cmd, &w.events);
                 r
             }
@@ -80,6 +82,13 @@ impl StateMachine {
     /// from its exactly-once session if it is `Deduplicated`, routed by [`Self::execute`].
     fn apply_command(&mut self, cmd: &Command, w: &mut Writes) -> Result<Response, KvError> {
         validate::validate(cmd)?;
+        let cmd = match cmd {
+            Command::Authorized { auth, command } => {
+                self.authorize(auth, command)?;
+                &**command
+            }
+            other => other,
+        };
         // Before any de-duplication decision: a refused exactly-once write leaves its
         // sequence unused, so the client's retry once space is back is applied, not answered
         // from a cache with this refusal.
@@ -140,9 +149,15 @@ impl StateMachine {
                 member_id,
                 alarm,
             } => Ok(self.apply_alarm(*action, *member_id, *alarm)),
-            // `apply_command` unwraps the one wrapper an entry may have: validation admits
-            // only KV writes and fence checks inside it, so this is what it would answer.
+            Command::Auth(a) => {
+                let (index, _) = self.last_applied.expect("set before apply_command");
+                self.apply_auth(a, index.0)
+            }
+            // `apply_command` unwraps the wrappers an entry may have: validation admits
+            // only KV writes and fence checks inside `Deduplicated`, so this is what it
+            // would answer; a second `Authorized` is refused by validation.
             Command::Deduplicated { .. } => Err(KvError::NotDeduplicable),
+            Command::Authorized { .. } => Err(KvError::MisplacedAuthorized),
         }
     }
 }

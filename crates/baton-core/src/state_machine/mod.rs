@@ -15,11 +15,13 @@
 //! - `lock`: lock queues, lock-delay, force-release, the fence table, lock queries;
 //! - `dedup`: exactly-once sessions (`RegisterClient`, `Deduplicated`);
 //! - `alarm`: raised alarms and the `NoSpace` refusal;
+//! - `auth`: the auth store's commands, the permission check of `Authorized`, auth queries;
 //! - `snapshot`: the current snapshot format and the read paths of formats 1 to 3;
 //! - `read`: queries over the whole state (revisions, history, size, `hash_kv`).
 
 mod alarm;
 mod apply;
+mod auth;
 mod dedup;
 mod kv;
 mod lease;

@@ -1,7 +1,7 @@
-//! Snapshots: [`StateMachine::snapshot`] writes the whole state as format 4, and
+//! Snapshots: [`StateMachine::snapshot`] writes the whole state as format 5, and
 //! [`StateMachine::restore`] reads it back, as well as formats 1 (before locks and fences),
-//! 2 (before de-duplication sessions) and 3 (before alarms), each as a state without the
-//! tables its format did not have.
+//! 2 (before de-duplication sessions), 3 (before alarms) and 4 (before the auth store),
+//! each as a state without the tables its format did not have.
 //!
 //! Every body here is persisted: bincode is positional, so the fields of each never reorder
 //! (see [`crate::format`]; the current format's bytes are pinned by
@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use crate::auth::{AuthState, PermCache};
 use crate::clients::{ClientSession, ClientTable};
 use crate::command::AlarmType;
 use crate::crc32::crc32;
@@ -30,9 +31,10 @@ pub enum SnapshotError {
 
 /// Snapshot format version, the first byte of every snapshot. Bump it when `SnapshotBody`
 /// changes shape; `restore` refuses versions it does not know instead of misreading them.
-/// Formats 1 (before locks and fences), 2 (before de-duplication sessions) and 3 (before
-/// alarms) are still read, as states without those tables.
-const SNAPSHOT_FORMAT: u8 = 4;
+/// Formats 1 (before locks and fences), 2 (before de-duplication sessions), 3 (before
+/// alarms) and 4 (before the auth store) are still read, as states without those tables.
+const SNAPSHOT_FORMAT: u8 = 5;
+const SNAPSHOT_FORMAT_V4: u8 = 4;
 const SNAPSHOT_FORMAT_V3: u8 = 3;
 const SNAPSHOT_FORMAT_V2: u8 = 2;
 const SNAPSHOT_FORMAT_V1: u8 = 1;
@@ -53,6 +55,7 @@ struct SnapshotBodyRef<'a> {
     fences: &'a BTreeMap<Vec<u8>, FencingToken>,
     clients: &'a BTreeMap<u64, ClientSession>,
     alarms: &'a BTreeSet<(u64, AlarmType)>,
+    auth: &'a AuthState,
 }
 
 /// The owned twin of `SnapshotBodyRef`; bincode is positional, so the two must list the same
@@ -72,6 +75,44 @@ struct SnapshotBody {
     fences: BTreeMap<Vec<u8>, FencingToken>,
     clients: BTreeMap<u64, ClientSession>,
     alarms: BTreeSet<(u64, AlarmType)>,
+    auth: AuthState,
+}
+
+/// Format 4's body: `SnapshotBody` without the auth store.
+///
+/// Persisted: see [`crate::format`] (fields never reorder).
+#[derive(Deserialize)]
+struct SnapshotBodyV4 {
+    revision: i64,
+    compact_revision: i64,
+    last_applied: Option<(CommandIndex, Term)>,
+    last_time_ms: u64,
+    keys: BTreeMap<Key, Vec<Version>>,
+    changes: BTreeMap<i64, Changed>,
+    leases: BTreeMap<LeaseId, LeaseRecord>,
+    locks: BTreeMap<Vec<u8>, LockRecord>,
+    fences: BTreeMap<Vec<u8>, FencingToken>,
+    clients: BTreeMap<u64, ClientSession>,
+    alarms: BTreeSet<(u64, AlarmType)>,
+}
+
+impl From<SnapshotBodyV4> for SnapshotBody {
+    fn from(b: SnapshotBodyV4) -> Self {
+        SnapshotBody {
+            revision: b.revision,
+            compact_revision: b.compact_revision,
+            last_applied: b.last_applied,
+            last_time_ms: b.last_time_ms,
+            keys: b.keys,
+            changes: b.changes,
+            leases: b.leases,
+            locks: b.locks,
+            fences: b.fences,
+            clients: b.clients,
+            alarms: b.alarms,
+            auth: AuthState::default(),
+        }
+    }
 }
 
 /// Format 3's body: `SnapshotBody` without alarms.
@@ -105,6 +146,7 @@ impl From<SnapshotBodyV3> for SnapshotBody {
             fences: b.fences,
             clients: b.clients,
             alarms: BTreeSet::new(),
+            auth: AuthState::default(),
         }
     }
 }
@@ -139,6 +181,7 @@ impl From<SnapshotBodyV2> for SnapshotBody {
             fences: b.fences,
             clients: BTreeMap::new(),
             alarms: BTreeSet::new(),
+            auth: AuthState::default(),
         }
     }
 }
@@ -171,6 +214,7 @@ impl From<SnapshotBodyV1> for SnapshotBody {
             fences: BTreeMap::new(),
             clients: BTreeMap::new(),
             alarms: BTreeSet::new(),
+            auth: AuthState::default(),
         }
     }
 }
@@ -194,6 +238,7 @@ impl StateMachine {
             fences: self.fences.map(),
             clients: self.clients.map(),
             alarms: &self.alarms,
+            auth: &self.auth,
         };
         let payload = bincode::serialize(&body).expect("in-memory state always serializes");
         let mut out = Vec::with_capacity(payload.len() + 5);
@@ -211,6 +256,7 @@ impl StateMachine {
             .ok_or_else(|| err("empty snapshot".into()))?;
         if ![
             SNAPSHOT_FORMAT,
+            SNAPSHOT_FORMAT_V4,
             SNAPSHOT_FORMAT_V3,
             SNAPSHOT_FORMAT_V2,
             SNAPSHOT_FORMAT_V1,
@@ -239,6 +285,10 @@ impl StateMachine {
             bincode::deserialize::<SnapshotBodyV3>(payload)
                 .map_err(|e| err(e.to_string()))?
                 .into()
+        } else if format == SNAPSHOT_FORMAT_V4 {
+            bincode::deserialize::<SnapshotBodyV4>(payload)
+                .map_err(|e| err(e.to_string()))?
+                .into()
         } else {
             bincode::deserialize(payload).map_err(|e| err(e.to_string()))?
         };
@@ -252,6 +302,8 @@ impl StateMachine {
             fences: FenceTable::from_map(body.fences),
             clients: ClientTable::from_map(body.clients),
             alarms: body.alarms,
+            perms: PermCache::build(&body.auth),
+            auth: body.auth,
             revision: body.revision,
             compact_revision: body.compact_revision,
             last_applied: body.last_applied,
@@ -386,9 +438,11 @@ mod tests {
         let mut old = vec![SNAPSHOT_FORMAT_V3];
         old.extend_from_slice(&crc32(&payload).to_le_bytes());
         old.extend_from_slice(&payload);
-        // Format 4 is format 3 plus the alarm set (here empty: a zero length).
+        // Format 5 is format 3 plus the alarm set (here empty: a zero length) and the auth
+        // store (here a new one).
         let mut now = payload.clone();
         now.extend_from_slice(&0u64.to_le_bytes());
+        now.extend_from_slice(&bincode::serialize(&AuthState::default()).unwrap());
         let mut expected = vec![SNAPSHOT_FORMAT];
         expected.extend_from_slice(&crc32(&now).to_le_bytes());
         expected.extend_from_slice(&now);
@@ -417,10 +471,13 @@ mod tests {
             fences: &BTreeMap::new(),
             clients: &BTreeMap::new(),
             alarms: &BTreeSet::new(),
+            auth: &AuthState::default(),
         };
-        // Format 1 is format 4 without the four trailing collections (bincode is positional).
+        // Format 1 is format 5 without the four trailing collections and the auth store
+        // (bincode is positional).
         let full = bincode::serialize(&body).expect("serialize");
-        let payload = &full[..full.len() - 32];
+        let auth_len = bincode::serialize(&AuthState::default()).unwrap().len();
+        let payload = &full[..full.len() - 32 - auth_len];
         let mut v1 = vec![SNAPSHOT_FORMAT_V1];
         v1.extend_from_slice(&crc32(payload).to_le_bytes());
         v1.extend_from_slice(payload);
@@ -435,13 +492,30 @@ mod tests {
         sm.apply(&entry(1, put("a", "1")));
         let snap = sm.snapshot();
         assert_eq!(snap[0], SNAPSHOT_FORMAT);
-        // Format 3 is format 4 without the trailing alarm set.
-        let payload = &snap[5..snap.len() - 8];
+        // Format 3 is format 5 without the trailing alarm set and auth store.
+        let auth_len = bincode::serialize(&AuthState::default()).unwrap().len();
+        let payload = &snap[5..snap.len() - 8 - auth_len];
         let mut v3 = vec![SNAPSHOT_FORMAT_V3];
         v3.extend_from_slice(&crc32(payload).to_le_bytes());
         v3.extend_from_slice(payload);
         let restored = StateMachine::restore(&v3).expect("format 3 restores");
         assert!(restored.alarms().is_empty());
+        assert_eq!(restored.snapshot(), snap);
+    }
+
+    #[test]
+    fn format_four_snapshots_restore_without_the_auth_store() {
+        let mut sm = StateMachine::new();
+        sm.apply(&entry(1, put("a", "1")));
+        let snap = sm.snapshot();
+        assert_eq!(snap[0], SNAPSHOT_FORMAT);
+        let auth_len = bincode::serialize(&AuthState::default()).unwrap().len();
+        let payload = &snap[5..snap.len() - auth_len];
+        let mut v4 = vec![SNAPSHOT_FORMAT_V4];
+        v4.extend_from_slice(&crc32(payload).to_le_bytes());
+        v4.extend_from_slice(payload);
+        let restored = StateMachine::restore(&v4).expect("format 4 restores");
+        assert_eq!(restored.auth_state(), &AuthState::default());
         assert_eq!(restored.snapshot(), snap);
     }
 }

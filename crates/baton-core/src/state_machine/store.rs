@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use crate::auth::{AuthState, PermCache};
 use crate::clients::ClientTable;
 use crate::command::AlarmType;
 use crate::locks::{FenceTable, LockTable};
@@ -43,6 +44,10 @@ pub struct StateMachine {
     pub(super) clients: ClientTable,
     /// Raised alarms, by member (etcd's alarm store; replicated, in snapshots).
     pub(super) alarms: BTreeSet<(u64, AlarmType)>,
+    /// Users, roles, the auth flag and revision, simple tokens (replicated, in snapshots).
+    pub(super) auth: AuthState,
+    /// Derived from `auth` after every change of it: each user's merged permissions.
+    pub(super) perms: PermCache,
     pub(super) revision: i64,
     /// 1 (the empty store) until the first compaction: nothing before it can be lost.
     pub(super) compact_revision: i64,
@@ -74,6 +79,8 @@ impl StateMachine {
             fences: FenceTable::default(),
             clients: ClientTable::default(),
             alarms: BTreeSet::new(),
+            auth: AuthState::default(),
+            perms: PermCache::default(),
             revision: FIRST_REVISION,
             compact_revision: FIRST_REVISION,
             last_applied: None,

@@ -244,7 +244,79 @@ fn command_name(c: &Command) -> &'static str {
         Command::UnregisterClient { .. } => "unregister_client",
         Command::Deduplicated { .. } => "deduplicated",
         Command::Alarm { .. } => "alarm",
+        Command::Auth(_) => "auth",
+        Command::Authorized { .. } => "authorized",
     }
+}
+
+fn permission() -> Permission {
+    Permission {
+        perm_type: PermType::ReadWrite,
+        key: b"/a".to_vec(),
+        range_end: b"/b".to_vec(),
+    }
+}
+
+fn auth_command_name(c: &AuthCommand) -> &'static str {
+    match c {
+        AuthCommand::Enable => "enable",
+        AuthCommand::Disable => "disable",
+        AuthCommand::Authenticate { .. } => "authenticate",
+        AuthCommand::UserAdd { .. } => "user_add",
+        AuthCommand::UserDelete { .. } => "user_delete",
+        AuthCommand::UserChangePassword { .. } => "user_change_password",
+        AuthCommand::UserGrantRole { .. } => "user_grant_role",
+        AuthCommand::UserRevokeRole { .. } => "user_revoke_role",
+        AuthCommand::RoleAdd { .. } => "role_add",
+        AuthCommand::RoleDelete { .. } => "role_delete",
+        AuthCommand::RoleGrantPermission { .. } => "role_grant_permission",
+        AuthCommand::RoleRevokePermission { .. } => "role_revoke_permission",
+    }
+}
+
+fn auth_commands() -> Vec<AuthCommand> {
+    vec![
+        AuthCommand::Enable,
+        AuthCommand::Disable,
+        AuthCommand::Authenticate {
+            name: "alice".into(),
+            simple_token_prefix: Some("abcdefghijklmnop".into()),
+        },
+        AuthCommand::UserAdd {
+            name: "bob".into(),
+            password_hash: Some("$2a$10$hash".into()),
+        },
+        AuthCommand::UserDelete {
+            name: "carol".into(),
+        },
+        AuthCommand::UserChangePassword {
+            name: "dave".into(),
+            password_hash: "$2a$10$other".into(),
+        },
+        AuthCommand::UserGrantRole {
+            user: "erin".into(),
+            role: "readers".into(),
+        },
+        AuthCommand::UserRevokeRole {
+            name: "frank".into(),
+            role: "writers".into(),
+        },
+        AuthCommand::RoleAdd {
+            name: "grace".into(),
+        },
+        AuthCommand::RoleDelete {
+            name: "heidi".into(),
+        },
+        AuthCommand::RoleGrantPermission {
+            name: "ivan".into(),
+            perm: permission(),
+        },
+        AuthCommand::RoleRevokePermission {
+            role: "judy".into(),
+            key: b"k".to_vec(),
+            range_end: b"\0".to_vec(),
+        },
+    ]
 }
 
 fn commands() -> Vec<Command> {
@@ -299,6 +371,17 @@ fn commands() -> Vec<Command> {
             member_id: 17,
             alarm: AlarmType::NoSpace,
         },
+        Command::Auth(AuthCommand::UserAdd {
+            name: "root".into(),
+            password_hash: None,
+        }),
+        Command::Authorized {
+            auth: AuthInfo {
+                user: "alice".into(),
+                revision: 18,
+            },
+            command: Box::new(Command::Put(put_request())),
+        },
     ]
 }
 
@@ -321,6 +404,7 @@ fn response_name(r: &Response) -> &'static str {
         Response::Deduplicated { .. } => "deduplicated",
         Response::Error(_) => "error",
         Response::Alarm { .. } => "alarm",
+        Response::Auth(_) => "auth",
     }
 }
 
@@ -366,6 +450,10 @@ fn responses() -> Vec<Response> {
         Response::Alarm {
             changed: Some((41, AlarmType::NoSpace)),
         },
+        Response::Auth(AuthResponse::Authenticated {
+            token: Some("abc.42".into()),
+            revision: 43,
+        }),
     ]
 }
 
@@ -396,6 +484,8 @@ fn kv_error_name(e: &KvError) -> &'static str {
         KvError::InvalidSequence => "invalid_sequence",
         KvError::NotDeduplicable => "not_deduplicable",
         KvError::NoSpace => "no_space",
+        KvError::Auth(_) => "auth",
+        KvError::MisplacedAuthorized => "misplaced_authorized",
     }
 }
 
@@ -426,6 +516,8 @@ fn kv_errors() -> Vec<KvError> {
         KvError::InvalidSequence,
         KvError::NotDeduplicable,
         KvError::NoSpace,
+        KvError::Auth(AuthError::PermissionDenied),
+        KvError::MisplacedAuthorized,
     ]
 }
 
@@ -555,6 +647,70 @@ fn nested_enums_are_pinned() {
             AlarmType::NoSpace => "no_space",
         }),
     ));
+    problems.extend(check_enum(
+        "auth_command",
+        named(auth_commands(), auth_command_name),
+    ));
+    let auth_responses = vec![
+        AuthResponse::Changed { revision: 50 },
+        AuthResponse::Authenticated {
+            token: None,
+            revision: 51,
+        },
+    ];
+    problems.extend(check_enum(
+        "auth_response",
+        named(auth_responses, |r| match r {
+            AuthResponse::Changed { .. } => "changed",
+            AuthResponse::Authenticated { .. } => "authenticated",
+        }),
+    ));
+    let auth_errors = vec![
+        AuthError::UserEmpty,
+        AuthError::AuthFailed,
+        AuthError::UserAlreadyExist,
+        AuthError::UserNotFound,
+        AuthError::RoleAlreadyExist,
+        AuthError::RoleNotFound,
+        AuthError::RoleEmpty,
+        AuthError::PermissionDenied,
+        AuthError::RoleNotGranted,
+        AuthError::PermissionNotGranted,
+        AuthError::RootUserNotExist,
+        AuthError::RootRoleNotExist,
+        AuthError::AuthNotEnabled,
+        AuthError::AuthOldRevision,
+        AuthError::InvalidAuthMgmt,
+    ];
+    problems.extend(check_enum(
+        "auth_error",
+        named(auth_errors, |e| match e {
+            AuthError::UserEmpty => "user_empty",
+            AuthError::AuthFailed => "auth_failed",
+            AuthError::UserAlreadyExist => "user_already_exist",
+            AuthError::UserNotFound => "user_not_found",
+            AuthError::RoleAlreadyExist => "role_already_exist",
+            AuthError::RoleNotFound => "role_not_found",
+            AuthError::RoleEmpty => "role_empty",
+            AuthError::PermissionDenied => "permission_denied",
+            AuthError::RoleNotGranted => "role_not_granted",
+            AuthError::PermissionNotGranted => "permission_not_granted",
+            AuthError::RootUserNotExist => "root_user_not_exist",
+            AuthError::RootRoleNotExist => "root_role_not_exist",
+            AuthError::AuthNotEnabled => "auth_not_enabled",
+            AuthError::AuthOldRevision => "auth_old_revision",
+            AuthError::InvalidAuthMgmt => "invalid_auth_mgmt",
+        }),
+    ));
+    let perm_types = vec![PermType::Read, PermType::Write, PermType::ReadWrite];
+    problems.extend(check_enum(
+        "perm_type",
+        named(perm_types, |t| match t {
+            PermType::Read => "read",
+            PermType::Write => "write",
+            PermType::ReadWrite => "read_write",
+        }),
+    ));
     let kinds = vec![EventKind::Put, EventKind::Delete];
     problems.extend(check_enum(
         "event_kind",
@@ -673,25 +829,108 @@ fn small_state() -> StateMachine {
     sm
 }
 
-/// The snapshot body (current format) of a small state, byte for byte, and that it restores
-/// to a state that snapshots to the same bytes.
+/// `small_state()` plus something in every table of the auth store: users (one without a
+/// password), roles with permissions, the flag on, a simple token.
+fn small_state_with_auth() -> StateMachine {
+    let mut sm = small_state();
+    let mut index = 100;
+    let alarm = |action| Command::Alarm {
+        action,
+        member_id: 9,
+        alarm: AlarmType::NoSpace,
+    };
+    // The alarm refuses what adds data: cleared around the auth commands, raised again.
+    let commands = std::iter::once(alarm(AlarmAction::Deactivate))
+        .chain(auth_samples().into_iter().map(Command::Auth))
+        .chain(std::iter::once(alarm(AlarmAction::Activate)));
+    for command in commands {
+        index += 1;
+        let applied = sm.apply(&Entry {
+            index: CommandIndex(index),
+            term: Term(2),
+            time_ms: 1_000 * index,
+            command,
+        });
+        assert!(
+            !matches!(applied.response, Response::Error(_)),
+            "{:?}",
+            applied.response
+        );
+    }
+    sm
+}
+
+fn auth_samples() -> Vec<AuthCommand> {
+    vec![
+        AuthCommand::UserAdd {
+            name: "root".into(),
+            password_hash: Some("$2a$10$roothash".into()),
+        },
+        AuthCommand::UserGrantRole {
+            user: "root".into(),
+            role: "root".into(),
+        },
+        AuthCommand::UserAdd {
+            name: "cn-user".into(),
+            password_hash: None,
+        },
+        AuthCommand::RoleAdd {
+            name: "readers".into(),
+        },
+        AuthCommand::RoleGrantPermission {
+            name: "readers".into(),
+            perm: permission(),
+        },
+        AuthCommand::UserGrantRole {
+            user: "cn-user".into(),
+            role: "readers".into(),
+        },
+        AuthCommand::Enable,
+        AuthCommand::Authenticate {
+            name: "root".into(),
+            simple_token_prefix: Some("tokenprefix".into()),
+        },
+    ]
+}
+
+fn snapshot_header(name: &str, what: &str) -> String {
+    format!(
+        "snapshot/{name}: StateMachine::snapshot() of tests/it/golden.rs's {what}\n[format \
+         byte][crc32 LE][bincode(SnapshotBody)]\nPinned by crates/baton-core/tests/it/golden.rs: \
+         never edit by hand (see baton_core::format)."
+    )
+}
+
+/// The snapshot body (current format, 5) of a small state, byte for byte, and that it
+/// restores to a state that snapshots to the same bytes. `small_state.hex` pinned format 4
+/// (before the auth store) and stays as a fixture of its read path: it restores to the same
+/// state, without users or roles.
 #[test]
 fn snapshot_is_pinned() {
-    let sm = small_state();
+    let sm = small_state_with_auth();
     let bytes = sm.snapshot();
     let dir = golden_dir().join("snapshot");
-    let header = "snapshot/small_state: StateMachine::snapshot() of tests/it/golden.rs's \
-                  small_state()\n[format byte][crc32 LE][bincode(SnapshotBody)]\nPinned by \
-                  crates/baton-core/tests/it/golden.rs: never edit by hand (see baton_core::format).";
-    let mut problems: Vec<String> = compare_file(&dir, "small_state", header, &bytes)
+    let header = snapshot_header("small_state_v5", "small_state_with_auth()");
+    let mut problems: Vec<String> = compare_file(&dir, "small_state_v5", &header, &bytes)
         .into_iter()
         .collect();
-    problems.extend(orphans(&dir, &BTreeSet::from(["small_state"])));
+    problems.extend(orphans(
+        &dir,
+        &BTreeSet::from(["small_state", "small_state_v5"]),
+    ));
     let restored = StateMachine::restore(&bytes).expect("restores");
     assert_eq!(
         restored.snapshot(),
         bytes,
         "a restored state snapshots the same"
     );
+    assert!(restored.auth_enabled());
+
+    let v4 = std::fs::read_to_string(dir.join("small_state.hex")).expect("the format 4 file");
+    let v4 = parse_golden_text(&v4).expect("parses");
+    assert_eq!(v4[0], 4, "small_state.hex is format 4");
+    let old = StateMachine::restore(&v4).expect("format 4 still restores");
+    assert_eq!(old.snapshot(), small_state().snapshot());
+    assert!(old.auth_state().users.is_empty());
     assert_no_problems(problems);
 }

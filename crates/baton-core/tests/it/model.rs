@@ -731,6 +731,9 @@ impl Model {
             | Command::Deduplicated { .. } => unreachable!("apply_entry handles sessions"),
             // Alarms are covered by the state machine's own unit tests.
             Command::Alarm { .. } => unreachable!("the generator proposes no alarms"),
+            Command::Auth(_) | Command::Authorized { .. } => {
+                unreachable!("the generator proposes no auth commands (unit-tested in the core)")
+            }
         })();
         let Work {
             rev, cur, events, ..
@@ -1280,6 +1283,7 @@ fn outcome(a: &Applied) -> String {
     }
     match &a.response {
         Response::Error(e) => format!("error {e:?}"),
+        Response::Auth(_) => "auth".into(),
         Response::Txn(t) if nested(t) && !a.events.is_empty() => "txn nested write".into(),
         Response::Txn(t) if !a.events.is_empty() => format!("txn write succeeded={}", t.succeeded),
         Response::Txn(_) => "txn no write".into(),

@@ -21,12 +21,44 @@ pub struct EndpointArgs {
     pub endpoints: Vec<String>,
     #[command(flatten)]
     pub tls: TlsArgs,
+    #[command(flatten)]
+    pub user: CredentialArgs,
 }
 
 impl EndpointArgs {
-    /// A client configuration for `endpoints` with these flags' TLS settings.
+    /// A client configuration for `endpoints` with these flags' TLS settings and user.
     pub fn config(&self, endpoints: Vec<String>) -> ClientConfig {
-        self.tls.apply(ClientConfig::new(endpoints))
+        self.user
+            .apply(self.tls.apply(ClientConfig::new(endpoints)))
+    }
+}
+
+/// etcdctl's `--user` and `--password`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct CredentialArgs {
+    /// Authenticate as this user, `name` or `name:password` (etcdctl's `--user`); the
+    /// password may come from `--password` instead.
+    #[arg(long, value_name = "NAME[:PASSWORD]", global = true)]
+    pub user: Option<String>,
+    /// The `--user`'s password (etcdctl's `--password`).
+    #[arg(long, value_name = "PASSWORD", global = true, requires = "user")]
+    pub password: Option<String>,
+}
+
+impl CredentialArgs {
+    /// `config` authenticating as the user, if one is given: `--user name:password`, or
+    /// `--user name --password password` (etcdctl splits at the first `:`; a user given
+    /// without a password is authenticated with an empty one).
+    pub fn apply(&self, config: ClientConfig) -> ClientConfig {
+        let Some(user) = &self.user else {
+            return config;
+        };
+        let (name, password) = match (&self.password, user.split_once(':')) {
+            (Some(p), _) => (user.clone(), p.clone()),
+            (None, Some((name, p))) => (name.to_string(), p.to_string()),
+            (None, None) => (user.clone(), String::new()),
+        };
+        config.with_user(name, password)
     }
 }
 

@@ -8,7 +8,7 @@ use anyhow::{anyhow, Result};
 use baton_client::{Client, ClientConfig};
 use clap::Args;
 
-use super::args::{parse_duration, TlsArgs};
+use super::args::{parse_duration, CredentialArgs, TlsArgs};
 use super::exit::EXIT_ERROR;
 use super::output::Format;
 
@@ -49,12 +49,15 @@ pub struct ClientArgs {
     pub output: Format,
     #[command(flatten)]
     pub tls: TlsArgs,
+    #[command(flatten)]
+    pub user: CredentialArgs,
 }
 
 impl ClientArgs {
-    /// A client configuration for `endpoints` with these flags' TLS settings.
+    /// A client configuration for `endpoints` with these flags' TLS settings and user.
     pub fn config(&self, endpoints: Vec<String>) -> ClientConfig {
-        self.tls.apply(ClientConfig::new(endpoints))
+        self.user
+            .apply(self.tls.apply(ClientConfig::new(endpoints)))
     }
 }
 

@@ -17,10 +17,13 @@
 //! - `baton 2pc list|show` ([`twopc`]): the two-phase-commit decision log of `baton-txn`
 //!   (kept in Baton), read only: finishing transactions is the Recoverer's job.
 //!
+//! - `baton auth|user|role` ([`auth`]): etcd's Auth service with etcdctl's commands.
+//!
 //! What the commands share has modules of its own ([`args`], [`exit`], [`signals`]), so a
 //! command never reaches back into this file.
 
 pub mod args;
+pub mod auth;
 pub mod bench;
 pub mod child;
 pub mod client;

@@ -1,6 +1,7 @@
 //! The crate's integration tests, one test binary (one link, not one per file): each
 //! module is what was once a file of its own under tests/.
 
+mod auth;
 mod bench_smoke;
 mod chaos;
 mod cli_kv;
