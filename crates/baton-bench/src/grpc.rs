@@ -85,7 +85,7 @@ impl H2Conn {
             });
             send
         };
-        let token = crate::security::token()
+        let token = crate::security::token_for(endpoint)
             .map(|t| http::HeaderValue::from_str(&t))
             .transpose()
             .context("the auth token is not a header value")?;

@@ -77,17 +77,23 @@ pub enum ClientImpl {
 /// Attempts per key when filling (`total`).
 const FILL_TRIES: u32 = 5;
 
-/// Writes [`RANGE_KEY`] so the range workloads have something to read.
+/// Writes [`RANGE_KEY`] so the range workloads have something to read (also the readiness
+/// check of a deployment). Through the lean client, which shows the `--auth` token.
 pub async fn prepare(endpoints: &[String], value_size: usize) -> Result<()> {
-    let ch = engine::channels(endpoints, 1).await?;
-    KvClient::new(ch[0].clone())
-        .put(PutRequest {
-            key: RANGE_KEY.to_vec(),
-            value: random_value(value_size, 0),
-            ..Default::default()
-        })
-        .await
-        .context("writing the range key")?;
+    let endpoint = endpoints.first().context("no endpoints")?;
+    let conn = grpc::H2Conn::connect(endpoint).await?;
+    let put = PutRequest {
+        key: RANGE_KEY.to_vec(),
+        value: random_value(value_size, 0),
+        ..Default::default()
+    };
+    tokio::time::timeout(
+        engine::REQUEST_TIMEOUT,
+        conn.unary::<_, baton_proto::etcdserverpb::PutResponse>(grpc::KV_PUT, &put),
+    )
+    .await
+    .context("writing the range key: no answer")?
+    .context("writing the range key")?;
     Ok(())
 }
 
