@@ -31,10 +31,22 @@ pub fn url(endpoint: &str) -> String {
     }
 }
 
+/// tonic's endpoint for `endpoint`, with this process's client TLS for an `https://` one
+/// (`security`).
+pub fn endpoint(endpoint: &str) -> Result<Endpoint> {
+    let url = url(endpoint);
+    let e = Endpoint::from_shared(url.clone()).with_context(|| format!("endpoint {endpoint}"))?;
+    if url.starts_with("https://") {
+        return e
+            .tls_config(crate::security::tonic_config()?)
+            .with_context(|| format!("TLS for {endpoint}"));
+    }
+    Ok(e)
+}
+
 /// One HTTP/2 connection to `endpoint`, whose requests time out after `timeout`.
 pub async fn channel(endpoint: &str, timeout: Duration) -> Result<Channel> {
-    Endpoint::from_shared(url(endpoint))
-        .with_context(|| format!("endpoint {endpoint}"))?
+    self::endpoint(endpoint)?
         .connect_timeout(Duration::from_secs(5))
         .timeout(timeout)
         .tcp_nodelay(true)

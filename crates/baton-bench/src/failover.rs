@@ -10,11 +10,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use baton_proto::etcdserverpb::kv_client::KvClient;
 use baton_proto::etcdserverpb::PutRequest;
 use tokio::sync::Semaphore;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::engine::{self, Counter, Progress, RunResult, Tally, Window};
 
@@ -45,8 +45,7 @@ impl Writer {
         let channels: Vec<Channel> = endpoints
             .iter()
             .map(|e| {
-                Ok(Endpoint::from_shared(engine::url(e))
-                    .with_context(|| format!("endpoint {e}"))?
+                Ok(engine::endpoint(e)?
                     .connect_timeout(Duration::from_millis(500))
                     .timeout(TIMEOUT)
                     .tcp_nodelay(true)

@@ -31,13 +31,17 @@ pub const KV_TXN: Path = "/etcdserverpb.KV/Txn";
 pub struct H2Conn {
     send: h2::client::SendRequest<Bytes>,
     authority: http::uri::Authority,
+    scheme: &'static str,
 }
 
 impl H2Conn {
-    /// Connects to `endpoint` (`host:port` or `http://host:port`).
+    /// Connects to `endpoint` (`host:port`, `http://host:port`, or `https://host:port` with
+    /// this process's client TLS, `security`).
     pub async fn connect(endpoint: &str) -> Result<H2Conn> {
+        let tls = endpoint.starts_with("https://");
         let authority: http::uri::Authority = endpoint
             .trim_start_matches("http://")
+            .trim_start_matches("https://")
             .trim_end_matches('/')
             .parse()
             .with_context(|| format!("endpoint {endpoint}"))?;
@@ -49,17 +53,41 @@ impl H2Conn {
         .map_err(|_| anyhow!("connecting to {endpoint}: timed out"))?
         .with_context(|| format!("connecting to {endpoint}"))?;
         tcp.set_nodelay(true)?;
-        let (send, connection) = h2::client::Builder::new()
+        let mut builder = h2::client::Builder::new();
+        builder
             .initial_window_size(1 << 20)
-            .initial_connection_window_size(8 << 20)
-            .handshake::<_, Bytes>(tcp)
-            .await
-            .with_context(|| format!("HTTP/2 handshake with {endpoint}"))?;
-        tokio::spawn(async move {
+            .initial_connection_window_size(8 << 20);
+        let send = if tls {
+            let name = rustls_pki_types::ServerName::try_from(authority.host().to_string())
+                .with_context(|| format!("TLS server name of {endpoint}"))?;
+            let stream = tokio_rustls::TlsConnector::from(crate::security::rustls_config()?)
+                .connect(name, tcp)
+                .await
+                .with_context(|| format!("TLS handshake with {endpoint}"))?;
+            let (send, connection) = builder
+                .handshake::<_, Bytes>(stream)
+                .await
+                .with_context(|| format!("HTTP/2 handshake with {endpoint}"))?;
             // Ends when the connection closes; requests then fail with the reason.
-            let _ = connection.await;
-        });
-        Ok(H2Conn { send, authority })
+            tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            send
+        } else {
+            let (send, connection) = builder
+                .handshake::<_, Bytes>(tcp)
+                .await
+                .with_context(|| format!("HTTP/2 handshake with {endpoint}"))?;
+            tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            send
+        };
+        Ok(H2Conn {
+            send,
+            authority,
+            scheme: if tls { "https" } else { "http" },
+        })
     }
 
     /// One unary call: `req` to `path`, the decoded response back. The request is encoded
@@ -76,7 +104,7 @@ impl H2Conn {
 
     async fn call(self, path: Path, body: Bytes) -> Result<Bytes> {
         let uri = Uri::builder()
-            .scheme("http")
+            .scheme(self.scheme)
             .authority(self.authority)
             .path_and_query(path)
             .build()

@@ -10,6 +10,7 @@ pub mod kv;
 pub mod lease;
 pub mod report;
 pub mod results;
+pub mod security;
 pub mod server;
 pub mod session;
 pub mod side;

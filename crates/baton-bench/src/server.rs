@@ -82,6 +82,8 @@ pub struct Settings {
     pub election_ms: u64,
     /// `--snapshot-count` for both, or each server's own default.
     pub snapshot_count: Option<u64>,
+    /// TLS on every port, certificates required (`--tls`); `None`: plain text.
+    pub tls: Option<crate::security::TlsFiles>,
 }
 
 /// One member process and how to start it again.
@@ -102,6 +104,8 @@ pub struct Deployment {
     pub topology: Topology,
     bin: PathBuf,
     members: Vec<Member>,
+    /// `http`, or `https` with `--tls`.
+    scheme: &'static str,
     dir: tempfile::TempDir,
 }
 
@@ -125,7 +129,12 @@ impl Deployment {
         // ephemeral port could meanwhile be taken as the source port of a peer's reconnect.
         let ports = free_ports_below_ephemeral(n * 3)?;
         let names: Vec<String> = (1..=n).map(|i| format!("m{i}")).collect();
-        let peer_url = |i: usize| format!("http://127.0.0.1:{}", ports[3 * i + 1]);
+        let scheme = if settings.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let peer_url = |i: usize| format!("{scheme}://127.0.0.1:{}", ports[3 * i + 1]);
         let initial = names
             .iter()
             .enumerate()
@@ -135,7 +144,7 @@ impl Deployment {
         let token = format!("bench-{}-{}", std::process::id(), ports[0]);
         let mut members = Vec::with_capacity(n);
         for (i, name) in names.iter().enumerate() {
-            let client_url = format!("http://127.0.0.1:{}", ports[3 * i]);
+            let client_url = format!("{scheme}://127.0.0.1:{}", ports[3 * i]);
             let data = dir.path().join(name);
             let mut args: Vec<String> = Vec::new();
             if kind == Kind::Baton {
@@ -159,6 +168,7 @@ impl Deployment {
             if let Some(count) = settings.snapshot_count {
                 flag("snapshot-count", count.to_string());
             }
+
             match kind {
                 Kind::Baton => flag(
                     "listen-metrics-urls",
@@ -166,6 +176,13 @@ impl Deployment {
                 ),
                 // 1M keys of 256 B outgrow etcd's default 2 GiB backend quota with history.
                 Kind::Etcd => flag("quota-backend-bytes", (8u64 << 30).to_string()),
+            }
+            if let Some(tls) = &settings.tls {
+                for (f, v) in tls.server_flags() {
+                    // Boolean flags as `--flag=true`, the one form Go's flag package (etcd)
+                    // and Baton's parser both take.
+                    args.push(format!("--{f}={v}"));
+                }
             }
             members.push(Member {
                 name: name.clone(),
@@ -180,6 +197,7 @@ impl Deployment {
             topology,
             bin: bin.to_path_buf(),
             members,
+            scheme,
             dir,
         };
         for i in 0..n {
@@ -212,7 +230,7 @@ impl Deployment {
     pub fn endpoints(&self) -> Vec<String> {
         self.members
             .iter()
-            .map(|m| format!("127.0.0.1:{}", m.client_port))
+            .map(|m| format!("{}://127.0.0.1:{}", self.scheme, m.client_port))
             .collect()
     }
 

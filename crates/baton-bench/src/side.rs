@@ -235,6 +235,10 @@ pub struct SideBySideArgs {
     pub heartbeat_ms: u64,
     #[arg(long, default_value_t = 1000)]
     pub election_ms: u64,
+    /// TLS on every port of both servers, client and peer certificates required (etcd's
+    /// test certificates; `security`), and this process's clients over TLS.
+    #[arg(long)]
+    pub tls: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -357,10 +361,18 @@ pub async fn side_by_side(args: SideBySideArgs) -> Result<()> {
             data_root.display()
         ));
     }
+    let tls = if args.tls {
+        let files = crate::security::TlsFiles::etcd_fixtures()?;
+        crate::security::install(&files)?;
+        Some(files)
+    } else {
+        None
+    };
     let settings = Settings {
         heartbeat_ms: args.heartbeat_ms,
         election_ms: args.election_ms,
         snapshot_count: args.snapshot_count,
+        tls,
     };
     let load_average = std::fs::read_to_string("/proc/loadavg")
         .ok()
@@ -609,12 +621,18 @@ pub async fn side_by_side(args: SideBySideArgs) -> Result<()> {
     let mut settings_text = vec![
         format!(
             "both servers: fsync on (their default), heartbeat {} ms, election timeout {} ms, \
-             snapshot count {}; etcd with --quota-backend-bytes 8 GiB; members on loopback",
+             snapshot count {}; etcd with --quota-backend-bytes 8 GiB; members on loopback; {}",
             settings.heartbeat_ms,
             settings.election_ms,
             settings
                 .snapshot_count
-                .map_or("each server's default".to_string(), |c| c.to_string())
+                .map_or("each server's default".to_string(), |c| c.to_string()),
+            if settings.tls.is_some() {
+                "TLS on every port, client and peer certificates required (--tls: \
+                 etcd's test certificates, RSA 2048)"
+            } else {
+                "plain text (no TLS)"
+            }
         ),
         format!(
             "runs: {:.0} s warm-up + {:.0} s measured (lease keep-alive ≥7 s), {} round(s) per \

@@ -58,6 +58,9 @@ pub(crate) struct Inner {
     pub(crate) config: ClientConfig,
     /// Used for the `https://` endpoints.
     tls: ClientTlsConfig,
+    /// Set: the server's certificate is checked by this instead of against roots
+    /// ([`TlsConfig::insecure_skip_verify`]).
+    verifier: Option<Arc<dyn rustls::client::danger::ServerCertVerifier>>,
     urls: Vec<String>,
     current: std::sync::Mutex<Option<Conn>>,
     connecting: tokio::sync::Mutex<()>,
@@ -138,6 +141,17 @@ fn normalize(endpoint: &str, tls: bool) -> String {
     }
 }
 
+/// The verifier that replaces roots with `--insecure-skip-tls-verify`.
+fn skip_verifier(
+    tls: Option<&TlsConfig>,
+) -> Option<Arc<dyn rustls::client::danger::ServerCertVerifier>> {
+    tls.filter(|t| t.insecure_skip_verify).map(|_| {
+        Arc::new(baton_tls::AnyServerCertificate::new(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))) as Arc<dyn rustls::client::danger::ServerCertVerifier>
+    })
+}
+
 /// tonic's TLS configuration for `tls` (the files read now, so a bad path fails `connect`).
 fn tls_config(tls: Option<&TlsConfig>) -> Result<ClientTlsConfig> {
     let read = |what: &str, path: &std::path::Path| {
@@ -148,6 +162,8 @@ fn tls_config(tls: Option<&TlsConfig>) -> Result<ClientTlsConfig> {
         return Ok(config.with_native_roots());
     };
     config = match &tls.ca_file {
+        // tonic refuses roots beside a verifier of one's own.
+        _ if tls.insecure_skip_verify => config,
         Some(ca) => config.ca_certificate(Certificate::from_pem(read("CA file", ca)?)),
         None => config.with_native_roots(),
     };
@@ -177,6 +193,7 @@ impl Client {
             return Err(Error::Config("no endpoints given".into()));
         }
         let tls = tls_config(config.tls.as_ref())?;
+        let verifier = skip_verifier(config.tls.as_ref());
         if config.request_timeout.is_zero() || config.connect_timeout.is_zero() {
             return Err(Error::Config("timeouts must be positive".into()));
         }
@@ -189,6 +206,7 @@ impl Client {
             inner: Arc::new(Inner {
                 config,
                 tls,
+                verifier,
                 urls,
                 current: std::sync::Mutex::new(None),
                 connecting: tokio::sync::Mutex::new(()),
@@ -286,7 +304,11 @@ impl Client {
                 }
             };
             let endpoint = if url.starts_with("https://") {
-                match endpoint.tls_config(self.inner.tls.clone()) {
+                let configured = match &self.inner.verifier {
+                    Some(v) => endpoint.tls_config_with_verifier(self.inner.tls.clone(), v.clone()),
+                    None => endpoint.tls_config(self.inner.tls.clone()),
+                };
+                match configured {
                     Ok(e) => e,
                     Err(e) => {
                         last_error = format!("{url}: TLS: {e}");
@@ -320,7 +342,9 @@ impl Client {
                 }
                 Ok(Err(e)) => {
                     last_error = format!("{url}: {e}");
-                    if let Some(src) = std::error::Error::source(&e) {
+                    if let Some(why) = baton_tls::describe_tls_error(&e) {
+                        last_error.push_str(&format!(" (TLS: {why})"));
+                    } else if let Some(src) = std::error::Error::source(&e) {
                         last_error.push_str(&format!(" ({src})"));
                     }
                 }

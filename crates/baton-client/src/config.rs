@@ -103,6 +103,10 @@ pub struct TlsConfig {
     pub key_file: Option<PathBuf>,
     /// Name to verify the server certificate against, if not the endpoint's host.
     pub server_name: Option<String>,
+    /// Accept any server certificate (etcdctl's `--insecure-skip-tls-verify`): the
+    /// connection is still encrypted, but to whoever answers. For self-signed servers
+    /// (`--auto-tls`) in tests; never against a server whose identity matters.
+    pub insecure_skip_verify: bool,
 }
 
 impl TlsConfig {

@@ -16,8 +16,10 @@ pub enum Error {
     /// The configuration cannot work (no endpoints, a TTL too short for its margin, ...).
     #[error("invalid configuration: {0}")]
     Config(String),
-    /// The TLS material of [`crate::ClientConfig::tls`] cannot be used: a file unreadable or
-    /// not PEM (the path is named; a key's content never is).
+    /// TLS failed: the material of [`crate::ClientConfig::tls`] cannot be used (a file
+    /// unreadable or not PEM: the path is named, a key's content never is), or the server
+    /// refused this client's TLS (in Go's words, as etcdctl says it: `remote error: tls:
+    /// certificate required`).
     #[error("TLS: {0}")]
     Tls(String),
     /// No endpoint accepted a connection.
@@ -112,6 +114,12 @@ impl Error {
     pub(crate) fn from_status(s: tonic::Status) -> Error {
         use tonic::Code;
         let msg = s.message();
+        // The server's TLS refused this client (no certificate, an untrusted or revoked
+        // one): say so, rather than the "operation was canceled" that is left of it after
+        // HTTP/2 (a TLS 1.3 server refuses after the client's side of the handshake).
+        if let Some(why) = baton_tls::describe_tls_error(&s) {
+            return Error::Tls(format!("the server refused the connection: {why}"));
+        }
         if connection_failure(&s) {
             return Error::Unavailable(msg.to_string());
         }

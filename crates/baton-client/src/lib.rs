@@ -133,9 +133,6 @@
 //!
 //! # Not in this build
 //!
-//! - Skipping the server certificate's verification (etcdctl's
-//!   `--insecure-skip-tls-verify`): TLS always verifies, against [`TlsConfig::ca_file`] or
-//!   the system's roots.
 //! - Automatic retries of plain KV writes after `Unavailable`: such a write may have been
 //!   applied, so [`Client::put`] and friends do not retry it; use [`ExactlyOnce`] (Baton
 //!   only) for writes that must survive a failover.

@@ -8,8 +8,9 @@ use serde::{Deserialize, Serialize};
 /// receiver with the digest of its own token. A digest rather than
 /// the token, so a captured request does not hand out the token itself (it also seeds the
 /// member and cluster ids, and an operator may reuse it); a captured digest can still be
-/// replayed to `Members` until peer TLS (a later issue) protects the connection — which is
-/// also what a challenge-response would have needed, for one more round trip.
+/// replayed to `Members` unless peer TLS protects the connection (`https://` peer URLs:
+/// encrypted, so nothing is captured) — which is also what a challenge-response would have
+/// needed, for one more round trip.
 #[derive(Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct ClusterCredential([u8; 32]);
 

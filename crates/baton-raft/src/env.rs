@@ -6,7 +6,9 @@
 //!
 //! Why each hook exists:
 //! - **transport**: the peer gRPC service and its client channels are the real tonic code
-//!   in both worlds; only how bytes move (a TCP socket or a simulated one) is swapped.
+//!   in every world; only how bytes move (a TCP socket, TLS over one — `baton serve`
+//!   injects `baton-server`'s peer TLS transport for `https://` peer URLs — or a simulated
+//!   socket) is swapped.
 //! - **wall clock**: the leader stamps entries with wall-clock time (`Entry::time_ms`); a
 //!   simulated clock makes that reproducible and lets a test jump one member's clock.
 //! - **seed**: lease ids, the restart hold and the election timeout are random; seeded,
@@ -37,7 +39,7 @@ use tonic::transport::{Channel, Endpoint};
 /// A replica's environment; the default is the real one.
 #[derive(Clone, Default)]
 pub struct Environment {
-    /// How peer connections are made and accepted; `None`: TCP.
+    /// How peer connections are made and accepted; `None`: plain TCP.
     pub transport: Option<Arc<dyn PeerTransport>>,
     /// The wall clock entries are stamped with; `None`: the system clock.
     pub wall_clock: Option<Arc<dyn WallClock>>,
@@ -117,6 +119,13 @@ pub trait PeerTransport: Send + Sync + 'static {
     fn connect_lazy(&self, endpoint: Endpoint) -> Channel;
     /// Starts accepting connections on `addr`; fails like a TCP bind would.
     fn listen(&self, addr: SocketAddr) -> ListenFuture;
+    /// Why a call failed, in the operator's terms, when the transport knows better than the
+    /// status's message (a TLS alert from the peer, say); `None`: nothing to add. A reason
+    /// given here is logged at WARN (once per peer until it changes), since it means the
+    /// members' configurations disagree rather than that a peer is down.
+    fn explain(&self, _status: &tonic::Status) -> Option<String> {
+        None
+    }
 }
 
 /// The disk under the log writer (see the module docs): it opens the log files the writer

@@ -147,11 +147,14 @@ pub(crate) struct Peers {
     /// Set once a peer told this member it has been removed from the cluster (see
     /// `membership`); the embedder stops serving then.
     removed: tokio::sync::watch::Sender<bool>,
-    /// Injected transport (simulation); `None`: TCP.
+    /// Injected transport (peer TLS, simulation); `None`: plain TCP.
     transport: Option<Arc<dyn PeerTransport>>,
     /// Per peer, the foreign payload format last reported in the log, so a mismatch is
     /// logged once per peer and version rather than at every heartbeat.
     format_reported: Mutex<HashMap<u64, u32>>,
+    /// Per peer, the transport's explanation of the last failed call that had one (a TLS
+    /// refusal), so it is logged once per peer until it changes or the peer answers.
+    explained: Mutex<HashMap<u64, String>>,
 }
 
 impl Peers {
@@ -173,7 +176,22 @@ impl Peers {
             removed: tokio::sync::watch::channel(false).0,
             transport,
             format_reported: Mutex::new(HashMap::new()),
+            explained: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The transport's explanation of `status`, logged at WARN when it is new for `target`
+    /// (a refused TLS handshake is a configuration problem the operator must see, not a
+    /// peer being down).
+    fn explain(&self, target: u64, status: &tonic::Status) -> Option<String> {
+        let why = self.transport.as_ref()?.explain(status)?;
+        if self.explained.lock().insert(target, why.clone()).as_ref() != Some(&why) {
+            tracing::warn!(
+                peer = format_args!("{target:x}"),
+                "peer connection failed: {why}"
+            );
+        }
+        Some(why)
     }
 
     /// The error for a peer of another payload format, logged (once per peer and version)
@@ -279,7 +297,10 @@ impl Peers {
                 if let Some(theirs) = format_refusal(&status) {
                     return Err(self.incompatible(target, theirs));
                 }
-                let reason = format!("{method:?}: {}", status.message());
+                let reason = match self.explain(target, &status) {
+                    Some(why) => format!("{method:?}: {why}"),
+                    None => format!("{method:?}: {}", status.message()),
+                };
                 if status.code() == tonic::Code::PermissionDenied
                     && status.message() == crate::membership::change::REMOVED_MESSAGE
                 {
@@ -303,6 +324,7 @@ impl Peers {
             Ok(Ok(resp)) => resp.into_inner(),
         };
         self.last_answer.lock().insert(target, Instant::now());
+        self.explained.lock().remove(&target);
         let theirs = wire::announced_format(resp.format_version);
         if theirs != PEER_FORMAT_VERSION {
             return Err(self.incompatible(target, theirs));
@@ -459,12 +481,16 @@ pub(crate) enum AskError {
     Refused(String),
     /// No answer (unreachable, timed out, bad URL, another error).
     Failed(String),
+    /// No connection: the transport refused it or was refused (TLS), as explained by
+    /// [`PeerTransport::explain`]. Unlike a peer that is down, this does not pass by itself.
+    Transport(String),
 }
 
 /// Asks the member at `url` for the cluster's membership on behalf of a member that joins
 /// with an empty data directory and knows neither the cluster id nor its own member id yet
 /// (the envelope carries zeros for both; the answer's envelope names the cluster).
 pub(crate) async fn ask_members(
+    transport: Option<&dyn PeerTransport>,
     url: &str,
     payload: Vec<u8>,
     timeout: Duration,
@@ -474,10 +500,13 @@ pub(crate) async fn ask_members(
         .connect_timeout(CONNECT_TIMEOUT)
         .timeout(timeout);
     let call = async {
-        let ch = endpoint
-            .connect()
-            .await
-            .map_err(|e| AskError::Failed(e.to_string()))?;
+        let ch = match transport {
+            Some(t) => t.connect_lazy(endpoint),
+            None => endpoint
+                .connect()
+                .await
+                .map_err(|e| AskError::Failed(e.to_string()))?,
+        };
         let mut client = RaftClient::new(ch)
             .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES + 4096)
             .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES + 4096);
@@ -495,7 +524,10 @@ pub(crate) async fn ask_members(
             .await
             .map_err(|s| match s.code() {
                 tonic::Code::PermissionDenied => AskError::Refused(s.message().to_string()),
-                _ => AskError::Failed(s.message().to_string()),
+                _ => match transport.and_then(|t| t.explain(&s)) {
+                    Some(why) => AskError::Transport(why),
+                    None => AskError::Failed(s.message().to_string()),
+                },
             })?
             .into_inner();
         // A member of another build answered (one of this build refuses first, naming both

@@ -9,10 +9,12 @@
 //! # What a peer may ask
 //! Every request shows the credential of the sender's `--initial-cluster-token` in its
 //! envelope (a joiner's `Members` question in its payload); without it nothing is served,
-//! openraft's own methods included. Until peer TLS (a later issue) a secret token is the
-//! cluster's shared secret, and for a process that has it a message's `from` is only a
-//! claim, so the checks here bound what a false claim can do (issue 14), and each refusal is
-//! counted in `baton_peer_refused_total{reason}`:
+//! openraft's own methods included. Without peer TLS a secret token is the cluster's shared
+//! secret; with peer mTLS (`baton-server`'s `peer_tls`, a transport this service does not
+//! see) nothing reaches this service without a certificate of the peer CA either. For a
+//! process that has both, a message's `from` is still only a claim (peer certificates name
+//! hosts, not member ids), so the checks here bound what a false claim can do (issue 14),
+//! and each refusal is counted in `baton_peer_refused_total{reason}`:
 //! - no message may claim to come from its receiver (no member ever sends itself one);
 //! - `Forward`/`ForwardBatch` come only from a member in the receiver's membership;
 //! - a forwarded `Propose` carries only a command a client may cause ([`crate::origin`]):
@@ -31,8 +33,7 @@
 //! So a token holder's forged forwarded request can do at most what a client of the receiver
 //! could. What these checks cannot bound is openraft's own messages from a token holder: a
 //! forged `AppendEntries` or `InstallSnapshot` with a higher term is a leader as far as Raft
-//! knows. Only peer TLS closes that, by letting [`PeerService::open`] check the claimed
-//! `from` against the connection's identity.
+//! knows. Peer mTLS limits that to holders of a peer certificate.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
@@ -184,7 +185,7 @@ pub(crate) fn check_format(field: u32) -> Result<(), Refusal> {
 pub(crate) fn check_forwarded(from: u64, req: &LeaderRequest) -> Result<(), Refusal> {
     match req {
         // A member's own full disk: raised through the leader like etcd's, but only by
-        // the member it names (until peer TLS, `from` is as good as the cluster token).
+        // the member it names (`from` is as good as the token and the peer certificate).
         LeaderRequest::Propose(Command::Alarm {
             action: AlarmAction::Activate,
             member_id,
@@ -224,9 +225,9 @@ impl PeerService {
 
     /// Checks the envelope; returns the sender and the payload.
     fn open(&self, req: Request<PeerMessage>) -> Result<(u64, Vec<u8>), Status> {
-        // Peer TLS (a later issue) goes here: the connection's identity (`req`'s peer
-        // certificates) must name `msg.from`. Until then `from` is taken at its word, and
-        // the checks after this one bound what a false word can do.
+        // Peer mTLS happened before this (the transport's handshake); certificates name
+        // hosts, not member ids, so `from` is taken at its word here, and the checks after
+        // this one bound what a false word can do.
         let msg = req.into_inner();
         // First: the version says how everything else in the message is to be read.
         check_format(msg.format_version).map_err(Refusal::into_status)?;

@@ -454,6 +454,20 @@ async fn bootstrap(parts: &Parts, initial: Option<&Initial>) -> Result<(), Start
             raft.initialize(members).await.map_err(|e| raft_err(&e))?;
         } else {
             tracing::info!("waiting to be contacted by the cluster's leader");
+            if let (Some((ids, _)), Some(cluster)) = (initial, &config.cluster) {
+                let listed = ids
+                    .members
+                    .iter()
+                    .flat_map(|(_, m)| m.peer_urls.iter().cloned())
+                    .collect();
+                let probe = tokio::spawn(membership::probe_while_waiting(
+                    raft.clone(),
+                    config.clone(),
+                    cluster.token.clone(),
+                    listed,
+                ));
+                parts.tasks.lock().push(probe);
+            }
         }
     }
     // Asked of the Raft core, not read from the metrics: those are published

@@ -109,12 +109,25 @@ impl ClientIo {
     }
 }
 
-/// Makes `stream` a client connection as `security` says: `None` if it must be dropped
-/// (a failed or timed-out handshake, counted in `baton_tls_handshake_failures_total`).
+/// Who connects to a listener: how loudly a refused handshake is logged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialer {
+    /// Clients: at DEBUG, since a client decides how often it fails (the counter is the
+    /// operator's signal).
+    Client,
+    /// Members: at INFO, in etcd's words (`rejected connection from …`): a member refused
+    /// is a cluster whose certificates disagree, which the operator must see (and etcd's
+    /// e2e suite waits for the line).
+    Peer,
+}
+
+/// Makes `stream` a connection as `security` says: `None` if it must be dropped (a failed
+/// or timed-out handshake, counted in `baton_tls_handshake_failures_total`).
 pub async fn establish(
     stream: TcpStream,
     peer: SocketAddr,
     security: Security,
+    dialer: Dialer,
 ) -> Option<ClientIo> {
     let config = match security {
         Security::Plain => return Some(ClientIo::Plain(stream)),
@@ -133,7 +146,7 @@ pub async fn establish(
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
         Ok(Ok(tls)) => Some(ClientIo::Tls(Box::new(tls))),
         Ok(Err(e)) => {
-            handshake_failed(peer, "refused", &e);
+            handshake_failed(peer, "refused", &e, dialer);
             None
         }
         Err(_) => {
@@ -141,17 +154,26 @@ pub async fn establish(
                 peer,
                 "timeout",
                 &io::Error::new(io::ErrorKind::TimedOut, "no handshake in time"),
+                dialer,
             );
             None
         }
     }
 }
 
-fn handshake_failed(peer: SocketAddr, kind: &'static str, error: &io::Error) {
+fn handshake_failed(peer: SocketAddr, kind: &'static str, error: &io::Error, dialer: Dialer) {
     metrics::counter!("baton_tls_handshake_failures_total", "kind" => kind).increment(1);
-    // A client's mistake (plain text on a TLS port, an untrusted certificate), not the
-    // server's: debug, as etcd logs rejected handshakes only at its debug level.
-    tracing::debug!(%peer, kind, %error, "TLS handshake with a client failed");
+    match dialer {
+        // A client's mistake (plain text on a TLS port, an untrusted certificate), not the
+        // server's.
+        Dialer::Client => {
+            tracing::debug!(%peer, kind, %error, "TLS handshake with a client failed")
+        }
+        Dialer::Peer => {
+            let why = crate::tls::describe_tls_error(error).unwrap_or_else(|| error.to_string());
+            tracing::info!("rejected connection from \"{peer}\" (error \"{why}\")");
+        }
+    }
 }
 
 impl AsyncRead for ClientIo {

@@ -41,7 +41,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tonic::transport::server::Connected;
 
-use crate::conn::{self, ClientConnectInfo, ClientIo, Security};
+use crate::conn::{self, ClientConnectInfo, ClientIo, Dialer, Security};
 
 /// HTTP/2 connection-level receive window (and so, through h2's automatic budget of half of
 /// it, the room for unread tiny DATA frames; see the module documentation).
@@ -93,6 +93,8 @@ pub struct Incoming {
     backoff: Duration,
     /// Failed accepts in the current episode (0: none).
     failures: u64,
+    /// Who connects (how refused handshakes are logged).
+    dialer: Dialer,
 }
 
 impl Incoming {
@@ -104,7 +106,15 @@ impl Incoming {
             pause: None,
             backoff: ACCEPT_BACKOFF_FIRST,
             failures: 0,
+            dialer: Dialer::Client,
         }
+    }
+
+    /// The listener is a peer port: its refused handshakes are logged at INFO
+    /// ([`Dialer::Peer`]).
+    pub fn for_peers(mut self) -> Self {
+        self.dialer = Dialer::Peer;
+        self
     }
 
     /// Configures an accepted socket; a plain one is ready at once, a TLS one after its
@@ -128,7 +138,7 @@ impl Incoming {
         }
         let security = self.security.clone();
         self.handshakes.push(Box::pin(
-            conn::establish(stream, peer, security)
+            conn::establish(stream, peer, security, self.dialer)
                 .map(move |io| io.map(|io| RecordedStream::new(io, peer))),
         ));
         None

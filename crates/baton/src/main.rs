@@ -39,6 +39,10 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a Baton member (etcd-style flags).
+    ///
+    /// A flag given twice takes its last value, as Go's flag package (etcd) does: etcd's
+    /// tooling passes some twice (`--client-cert-auth` with a CRL, say).
+    #[command(args_override_self = true)]
     Serve(Box<serve::ServeArgs>),
     // No doc comments here: they would replace the subcommands' own (longer) help.
     Kv(cli::kv::KvArgs),

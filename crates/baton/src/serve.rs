@@ -67,7 +67,7 @@ pub struct ServeArgs {
     initial_cluster_state: ClusterState,
     /// Distinguishes clusters created from the same member list: part of every id, and peers
     /// refuse messages from another cluster. Every peer request shows a digest of it, and
-    /// members hear nobody without it: until peer TLS, make it a secret (a random string) to
+    /// members hear nobody without it: without peer TLS, make it a secret (a random string) to
     /// keep strangers who can reach the peer port out of the cluster.
     #[arg(long, default_value = "baton-cluster")]
     initial_cluster_token: String,
@@ -125,7 +125,8 @@ pub struct ServeArgs {
     /// Its private key (PEM).
     #[arg(long)]
     key_file: Option<PathBuf>,
-    /// CAs (PEM) that client certificates must chain to, with `--client-cert-auth`.
+    /// CAs (PEM) that client certificates must chain to. Given, clients of `https://` URLs
+    /// must present a certificate of one (as etcd requires, `--client-cert-auth` or not).
     #[arg(long)]
     trusted_ca_file: Option<PathBuf>,
     /// Require a client certificate signed by `--trusted-ca-file` on `https://` client URLs.
@@ -142,6 +143,36 @@ pub struct ServeArgs {
     /// client port; given, the port speaks TLS 1.2 only, with exactly these.
     #[arg(long)]
     cipher_suites: Option<String>,
+    /// The peer port's TLS certificate (PEM), for `https://` peer URLs; also what this
+    /// member shows the peers it dials.
+    #[arg(long)]
+    peer_cert_file: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long)]
+    peer_key_file: Option<PathBuf>,
+    /// CAs (PEM) that peers' certificates must chain to. Given, a peer dialing this member
+    /// must present a certificate of one (as etcd), and the peers this member dials are
+    /// checked against them.
+    #[arg(long)]
+    peer_trusted_ca_file: Option<PathBuf>,
+    /// Require a peer certificate signed by `--peer-trusted-ca-file` on `https://` peer URLs.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
+    peer_client_cert_auth: bool,
+    /// Serve `https://` peer URLs with a self-signed certificate made at start (kept in
+    /// `<data-dir>/fixtures/peer`), when `--peer-cert-file`/`--peer-key-file` are not given.
+    /// As etcd, peers' certificates are then not checked (nothing signed them): only the
+    /// cluster token keeps strangers out.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
+    peer_auto_tls: bool,
+    /// Revoked peer certificates (a CRL, DER or PEM).
+    #[arg(long)]
+    peer_crl_file: Option<PathBuf>,
+    /// A peer's certificate must also have this Common Name.
+    #[arg(long)]
+    peer_cert_allowed_cn: Option<String>,
+    /// A peer's certificate must also be valid for this host name.
+    #[arg(long)]
+    peer_cert_allowed_hostname: Option<String>,
     /// Refuse membership changes that would leave fewer started voters than a quorum
     /// (etcd's flag and default). `false` lets `member add`/`remove`/`promote` through
     /// whatever the other members' state, as etcd's `--strict-reconfig-check=false`.
@@ -172,9 +203,9 @@ fn split_urls(list: &str) -> Vec<String> {
         .collect()
 }
 
-/// `http://host:port` → a socket address, for the URLs that are plain text only (peer and
-/// metrics URLs: TLS there is not offered yet, so `https` is refused rather than served in
-/// plain text).
+/// `http://host:port` → a socket address, for the URLs that are plain text only (metrics
+/// URLs: TLS there is not offered yet, so `https` is refused rather than served in plain
+/// text).
 fn url_to_addr(url: &str) -> Result<SocketAddr> {
     match parse_url(url)? {
         (false, addr, _) => Ok(addr),
@@ -252,7 +283,7 @@ fn client_tls(args: &ServeArgs, hosts: &[String]) -> Result<Arc<tls::ServerConfi
         (Some(c), Some(k)) => (c.clone(), k.clone()),
         (None, None) if args.auto_tls => {
             let dir = args.data_dir.join("fixtures").join("client");
-            let (c, k) = tls::self_signed(&dir, hosts)?;
+            let (c, k) = tls::self_signed(tls::TlsPort::Client, &dir, hosts)?;
             tracing::info!(cert = %c.display(), "--auto-tls: serving https client URLs with a self-signed certificate");
             (c, k)
         }
@@ -261,6 +292,7 @@ fn client_tls(args: &ServeArgs, hosts: &[String]) -> Result<Arc<tls::ServerConfi
         }
     };
     let settings = tls::TlsSettings {
+        port: tls::TlsPort::Client,
         cert_file: Some(cert_file),
         key_file: Some(key_file),
         trusted_ca_file: args.trusted_ca_file.clone(),
@@ -271,6 +303,8 @@ fn client_tls(args: &ServeArgs, hosts: &[String]) -> Result<Arc<tls::ServerConfi
             .as_deref()
             .map(split_urls)
             .unwrap_or_default(),
+        allowed_cn: None,
+        allowed_hostname: None,
     };
     Ok(tls::server_config(&settings)?)
 }
@@ -289,6 +323,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         .iter()
         .map(|u| url_to_addr(u))
         .collect::<Result<Vec<_>>>()?;
+    let peer_listen = peer_listeners(&args)?;
     let peer_urls = split_urls(
         args.initial_advertise_peer_urls
             .as_deref()
@@ -303,10 +338,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
                 ClusterState::Existing => baton_raft::InitialClusterState::Existing,
             },
             token: args.initial_cluster_token.clone(),
-            listen_peer_addrs: split_urls(&args.listen_peer_urls)
-                .iter()
-                .map(|u| url_to_addr(u))
-                .collect::<Result<Vec<_>>>()?,
+            listen_peer_addrs: peer_listen.addrs.clone(),
         }),
     };
     let advertise_client = args
@@ -362,6 +394,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
     node_config.lease_checkpoint_interval =
         Duration::from_millis(args.experimental_lease_checkpoint_interval);
     node_config.cluster = cluster;
+    node_config.env.transport = peer_listen.transport;
     node_config.strict_reconfig_check = args.strict_reconfig_check;
 
     let node = baton_raft::Node::start(node_config)
@@ -428,16 +461,104 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
     Ok(())
 }
 
+/// The peer addresses to listen on and, for `https://` ones, the TLS transport.
+struct PeerListen {
+    addrs: Vec<SocketAddr>,
+    transport: Option<Arc<dyn baton_raft::PeerTransport>>,
+}
+
+/// `--listen-peer-urls` and the `--peer-*` TLS flags. The URLs are all `http://` or all
+/// `https://`: a member that served some peers in plain text would give away what TLS is
+/// for.
+fn peer_listeners(args: &ServeArgs) -> Result<PeerListen> {
+    let mut addrs = Vec::new();
+    let mut hosts = Vec::new();
+    let mut schemes = (false, false);
+    for url in split_urls(&args.listen_peer_urls) {
+        let (tls, addr, host) = parse_url(&url)?;
+        if tls {
+            schemes.1 = true;
+        } else {
+            schemes.0 = true;
+        }
+        addrs.push(addr);
+        hosts.push(host);
+    }
+    let has_peer_tls_flags = args.peer_cert_file.is_some()
+        || args.peer_key_file.is_some()
+        || args.peer_trusted_ca_file.is_some()
+        || args.peer_auto_tls;
+    match schemes {
+        (true, true) => bail!(
+            "--listen-peer-urls {}: all http:// or all https://, not both",
+            args.listen_peer_urls
+        ),
+        (_, false) => {
+            if has_peer_tls_flags {
+                // etcd too ignores them for http:// URLs (and says so).
+                tracing::warn!(
+                    "the --peer-* TLS flags are ignored: every --listen-peer-urls is http://"
+                );
+            }
+            return Ok(PeerListen {
+                addrs,
+                transport: None,
+            });
+        }
+        (false, true) => {}
+    }
+    let (cert_file, key_file, auto) = match (&args.peer_cert_file, &args.peer_key_file) {
+        (Some(c), Some(k)) => (c.clone(), k.clone(), false),
+        (None, None) if args.peer_auto_tls => {
+            let dir = args.data_dir.join("fixtures").join("peer");
+            let (c, k) = tls::self_signed(tls::TlsPort::Peer, &dir, &hosts)?;
+            tracing::info!(cert = %c.display(), "--peer-auto-tls: serving https peer URLs with a self-signed certificate");
+            (c, k, true)
+        }
+        _ => bail!(
+            "https peer URLs need --peer-cert-file and --peer-key-file (or --peer-auto-tls \
+             without them)"
+        ),
+    };
+    let settings = tls::TlsSettings {
+        port: tls::TlsPort::Peer,
+        cert_file: Some(cert_file),
+        key_file: Some(key_file),
+        trusted_ca_file: args.peer_trusted_ca_file.clone(),
+        client_cert_auth: args.peer_client_cert_auth,
+        crl_file: args.peer_crl_file.clone(),
+        // etcd's --cipher-suites applies to both ports.
+        cipher_suites: args
+            .cipher_suites
+            .as_deref()
+            .map(split_urls)
+            .unwrap_or_default(),
+        allowed_cn: args.peer_cert_allowed_cn.clone(),
+        allowed_hostname: args.peer_cert_allowed_hostname.clone(),
+    };
+    let server = tls::server_config(&settings)?;
+    let client = tls::peer_client(&settings, auto)?;
+    Ok(PeerListen {
+        addrs,
+        transport: Some(Arc::new(baton_server::peer_tls::TlsPeerTransport::new(
+            server, client,
+        ))),
+    })
+}
+
 /// The TLS settings for asking other members over their client URLs: the member's own
 /// trusted CA and certificate (etcd members present their server certificate as a client).
 fn client_tls_for_peers(args: &ServeArgs) -> Option<baton_client::TlsConfig> {
-    if args.trusted_ca_file.is_none() && args.cert_file.is_none() {
+    if args.trusted_ca_file.is_none() && args.cert_file.is_none() && !args.auto_tls {
         return None;
     }
     let mut tls = baton_client::TlsConfig::new();
     tls.ca_file = args.trusted_ca_file.clone();
     tls.cert_file = args.cert_file.clone();
     tls.key_file = args.key_file.clone();
+    // With --auto-tls every member's certificate is self-signed: nothing could verify it
+    // (etcd skips verification of self-signed certificates too).
+    tls.insecure_skip_verify = args.auto_tls && args.cert_file.is_none();
     Some(tls)
 }
 

@@ -58,7 +58,14 @@ pub(crate) async fn join_existing(
         let mut answered_without_me = 0;
         let mut refused = 0;
         for url in &others {
-            match network::ask_members(url, request.clone(), Duration::from_secs(2)).await {
+            match network::ask_members(
+                config.env.transport.as_deref(),
+                url,
+                request.clone(),
+                Duration::from_secs(2),
+            )
+            .await
+            {
                 Ok((cluster_id, payload)) => match wire::decode::<JoinResponse>(&payload) {
                     Ok(answer) if answer.voters.is_empty() => {
                         errors.push(format!("{url}: not initialized yet"))
@@ -73,7 +80,9 @@ pub(crate) async fn join_existing(
                     refused += 1;
                     errors.push(format!("{url}: {e}"));
                 }
-                Err(AskError::Failed(e)) => errors.push(format!("{url}: {e}")),
+                Err(AskError::Failed(e) | AskError::Transport(e)) => {
+                    errors.push(format!("{url}: {e}"))
+                }
             }
         }
         let out_of_time = Instant::now() >= deadline || others.is_empty();
@@ -105,4 +114,62 @@ pub(crate) async fn join_existing(
         "joined an existing cluster; waiting for the leader to catch this member up"
     );
     Ok(meta)
+}
+
+/// How often a member waiting to be contacted by a new cluster's leader checks that it can
+/// reach the other listed members.
+const WAITING_PROBE_INTERVAL: Duration = Duration::from_secs(2);
+
+/// While a member of a new cluster waits to be contacted by the leader (it is not the
+/// initializer), asks the other listed members for the membership every
+/// [`WAITING_PROBE_INTERVAL`], only to see that their transport lets it in: a connection
+/// refused by TLS (a certificate of another CA, a Common Name the peers do not allow) means
+/// the leader cannot reach this member either, and nothing else would say so on this side.
+/// Each such refusal is logged at WARN once per peer until it changes. Stops once Raft is
+/// initialized (the leader got through) or shut down.
+pub(crate) async fn probe_while_waiting(
+    raft: crate::types::Raft,
+    config: NodeConfig,
+    token: String,
+    listed_peer_urls: Vec<String>,
+) {
+    let own = normalize(&config.peer_urls);
+    let others: Vec<String> = listed_peer_urls
+        .into_iter()
+        .filter(|u| !own.contains(u.trim_end_matches('/')))
+        .collect();
+    let Ok(request) = wire::encode(&JoinRequest {
+        peer_urls: config.peer_urls.clone(),
+        credential: ClusterCredential::of_token(&token),
+    }) else {
+        return;
+    };
+    let mut reported: std::collections::HashMap<String, String> = Default::default();
+    loop {
+        match raft.is_initialized().await {
+            Ok(false) => {}
+            Ok(true) | Err(_) => return,
+        }
+        for url in &others {
+            let answer = network::ask_members(
+                config.env.transport.as_deref(),
+                url,
+                request.clone(),
+                WAITING_PROBE_INTERVAL,
+            )
+            .await;
+            match answer {
+                Err(AskError::Transport(why)) => {
+                    if reported.get(url) != Some(&why) {
+                        tracing::warn!(peer_url = %url, "peer connection failed: {why}");
+                        reported.insert(url.clone(), why);
+                    }
+                }
+                _ => {
+                    reported.remove(url);
+                }
+            }
+        }
+        tokio::time::sleep(WAITING_PROBE_INTERVAL).await;
+    }
 }

@@ -40,12 +40,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
-use openraft::ServerState;
+use openraft::{ChangeMembers, Membership, ServerState};
 
 use crate::answer::{leader_error, ProposeError};
 use crate::calls::ChangeMembersCall;
 use crate::limits::REQUEST_TIMEOUT;
 use crate::routing::{Routed, Router};
+use crate::types::Member;
 
 pub(crate) mod change;
 mod join;
@@ -55,7 +56,7 @@ use change::{
     member_infos, JoinRequest, JoinResponse, MemberChange, MemberChanged, MemberError,
     SenderStanding, REMOVED_MESSAGE,
 };
-pub(crate) use join::join_existing;
+pub(crate) use join::{join_existing, probe_while_waiting};
 
 /// How long a change waits for another change (a member publishing itself, a concurrent
 /// MemberAdd) to finish before giving up with a timeout.
@@ -140,6 +141,20 @@ impl Members {
             // The replica's randomness (`Environment::rng`), so a seeded one is replayable.
             let new_id = || rand::Rng::gen::<u64>(&mut *replica.rng.lock());
             let planned = plan::plan(&change, &view, new_id)?;
+            if let Some(added) = planned
+                .added
+                .filter(|_| needs_the_added_voter(&planned.change, &membership, &active))
+            {
+                if membership.get_joint_config().len() > 1 {
+                    // Another change is half done; wait for it as openraft's InProgress.
+                    if Instant::now() + IN_PROGRESS_RETRY >= deadline {
+                        return Err(ProposeError::Timeout.into());
+                    }
+                    tokio::time::sleep(IN_PROGRESS_RETRY).await;
+                    continue;
+                }
+                return self.add_awaited_voter(planned, added, deadline).await;
+            }
             let remaining = deadline.saturating_duration_since(Instant::now());
             let res = tokio::time::timeout(
                 remaining,
@@ -181,6 +196,52 @@ impl Members {
                 Ok(Err(RaftError::Fatal(f))) => return Err(replica.fatal_error(&f).into()),
             }
         }
+    }
+
+    /// A voter add whose joint configuration cannot commit before the added member answers
+    /// (a lone voter growing to two, or a non-strict add beyond the started voters): etcd
+    /// answers such a `MemberAdd` at once (its single-step change commits in the old
+    /// configuration) and the cluster waits for the new member; openraft's
+    /// `change_membership` would not return before the member runs, and its operator waits
+    /// for the answer to start it. So the change runs on in a task, and the answer comes once
+    /// the joint configuration naming the member is in this leader's log — from then on,
+    /// as with etcd, nothing commits until the new member runs and catches up (the task then
+    /// finishes the change to the uniform configuration).
+    async fn add_awaited_voter(
+        &self,
+        planned: plan::Plan,
+        added: u64,
+        deadline: Instant,
+    ) -> Result<MemberChanged, MemberError> {
+        let replica = self.router.replica();
+        let raft = replica.raft.clone();
+        let (change, retain) = (planned.change, planned.retain);
+        tokio::spawn(async move {
+            if let Err(e) = raft.change_membership(change, retain).await {
+                tracing::warn!(
+                    member = format_args!("{added:x}"),
+                    error = %e,
+                    "adding a voter that the cluster waits for did not complete"
+                );
+            }
+        });
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let m = replica
+            .raft
+            .wait(Some(remaining))
+            .metrics(
+                |m| m.membership_config.membership().get_node(&added).is_some(),
+                "the added voter is in the membership",
+            )
+            .await
+            .map_err(|_| MemberError::from(ProposeError::Timeout))?;
+        let after = m.membership_config.membership().clone();
+        let members = member_infos(&after, replica.member_id, &replica.config);
+        Ok(MemberChanged {
+            added: members.iter().find(|m| m.id == added).cloned(),
+            members,
+            raft_index: m.membership_config.log_id().map_or(0, |l| l.index),
+        })
     }
 
     /// Whether this member is a learner (receives the log, does not vote).
@@ -257,6 +318,21 @@ pub(crate) async fn removal_loop(router: Weak<Router>) {
             return;
         }
     }
+}
+
+/// Whether `change` adds voters whose configuration needs one of them for a quorum: the
+/// voters of `membership` that are `active` fall short of a majority of the new voters.
+fn needs_the_added_voter(
+    change: &ChangeMembers<u64, Member>,
+    membership: &Membership<u64, Member>,
+    active: &BTreeSet<u64>,
+) -> bool {
+    let ChangeMembers::AddVoters(added) = change else {
+        return false;
+    };
+    let voters: BTreeSet<u64> = membership.voter_ids().collect();
+    let after = voters.len() + added.keys().filter(|id| !voters.contains(id)).count();
+    voters.intersection(active).count() < after / 2 + 1
 }
 
 #[cfg(test)]

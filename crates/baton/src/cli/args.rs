@@ -88,18 +88,27 @@ pub struct TlsArgs {
         requires = "tls_cert"
     )]
     pub key: Option<PathBuf>,
+    /// Accept any server certificate (etcdctl's flag): still encrypted, but to whoever
+    /// answers. For self-signed (`--auto-tls`) servers in tests only.
+    #[arg(long, global = true)]
+    pub insecure_skip_tls_verify: bool,
 }
 
 impl TlsArgs {
     /// `config` with these TLS settings, if any flag is given.
     pub fn apply(&self, config: ClientConfig) -> ClientConfig {
-        if self.cacert.is_none() && self.cert.is_none() && self.key.is_none() {
+        if self.cacert.is_none()
+            && self.cert.is_none()
+            && self.key.is_none()
+            && !self.insecure_skip_tls_verify
+        {
             return config;
         }
         let mut tls = TlsConfig::new();
         tls.ca_file = self.cacert.clone();
         tls.cert_file = self.cert.clone();
         tls.key_file = self.key.clone();
+        tls.insecure_skip_verify = self.insecure_skip_tls_verify;
         config.with_tls(tls)
     }
 }

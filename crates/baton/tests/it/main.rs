@@ -23,5 +23,6 @@ mod lease_safety;
 mod leases_failover;
 mod lock_cli;
 mod membership;
+mod peer_tls;
 mod steady_state;
 mod tls;

@@ -204,6 +204,7 @@ fn start_joiner(
         .collect(),
         nofile_limit: None,
         client_urls: None,
+        peer_scheme: "http",
     };
     b.spawn();
     b
@@ -939,4 +940,52 @@ async fn joining_without_member_add_or_the_token_is_refused() {
         .await;
         assert_eq!(refused, Some(n), "member {}", cluster.names[m]);
     }
+}
+
+/// etcd answers `member add` of a second voter to a lone member at once (its single-step
+/// change commits in the old configuration; the cluster then waits for the new member), and
+/// tooling relies on it: the new member is started with what `member add` printed. Baton's
+/// joint consensus could not commit without the new member, so the answer comes once the
+/// change is in the leader's log, and the change completes when the member joins: both
+/// are voters then, and writes go through both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_member_adds_a_second_voter_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path(), 1, &[]);
+    let ep = cluster.members[0].endpoint();
+    ctl_ok(&ep, &["put", "before", "1"]).await;
+
+    let peer_port = free_port_below_ephemeral();
+    let peer_url = format!("http://127.0.0.1:{peer_port}");
+    let asked = Instant::now();
+    let (id, initial) = tokio::time::timeout(
+        Duration::from_secs(10),
+        member_add(&ep, "m2", &peer_url, false),
+    )
+    .await
+    .expect("member add answers without waiting for the new member");
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        asked.elapsed()
+    );
+    let listed = member_list(&ep).await;
+    let new = listed.iter().find(|m| m.id == id).expect("listed");
+    assert!(!new.learner && !new.started, "{listed:?}");
+
+    let joiner = start_joiner(dir.path(), "m2", peer_port, &initial, &token(&cluster));
+    let both = format!("{ep},{}", joiner.endpoint());
+    let members = all_started(&both, 2).await;
+    assert!(members.iter().all(|m| !m.learner), "{members:?}");
+    ctl_ok(&ep, &["put", "after", "2"]).await;
+    let got = ctl_ok(
+        &joiner.endpoint(),
+        &["get", "--consistency=s", "--prefix", ""],
+    )
+    .await;
+    assert!(got.contains("before") && got.contains("after"), "{got}");
+    // Both vote now: the configuration is no longer joint, and a second change works.
+    let peer3 = format!("http://127.0.0.1:{}", free_port_below_ephemeral());
+    let (learner, _) = member_add(&both, "m3", &peer3, true).await;
+    ctl_ok(&both, &["member", "remove", &format!("{learner:x}")]).await;
 }

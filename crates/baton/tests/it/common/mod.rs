@@ -30,6 +30,9 @@ pub struct Baton {
     pub nofile_limit: Option<u64>,
     /// `--listen-client-urls` with `{port}` for the client port (None: plain http).
     pub client_urls: Option<String>,
+    /// The peer URL's scheme: `http` (plain) or `https` (peer TLS, with the `--peer-*`
+    /// flags among `extra_args`).
+    pub peer_scheme: &'static str,
 }
 
 impl Baton {
@@ -74,6 +77,7 @@ impl Baton {
                 extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
                 nofile_limit,
                 client_urls: client_urls.clone(),
+                peer_scheme: "http",
             };
             match b.try_spawn() {
                 Ok(()) => return b,
@@ -136,7 +140,10 @@ impl Baton {
             .arg("--listen-metrics-urls")
             .arg(format!("http://127.0.0.1:{}", self.metrics_port))
             .arg("--listen-peer-urls")
-            .arg(format!("http://127.0.0.1:{}", self.peer_port))
+            .arg(format!(
+                "{}://127.0.0.1:{}",
+                self.peer_scheme, self.peer_port
+            ))
             .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -258,12 +265,23 @@ impl Cluster {
     /// `--initial-cluster` and a token unique to this cluster), with `extra_args` for each.
     /// Returns once every member listens on its client port (not once a leader is elected).
     pub fn start(dir: &Path, n: usize, extra_args: &[&str]) -> Cluster {
+        Cluster::start_with_peer_scheme(dir, n, "http", extra_args)
+    }
+
+    /// [`Cluster::start`] with `https` peer URLs when `peer_scheme` says so (the peer TLS
+    /// flags go in `extra_args`).
+    pub fn start_with_peer_scheme(
+        dir: &Path,
+        n: usize,
+        peer_scheme: &'static str,
+        extra_args: &[&str],
+    ) -> Cluster {
         let names: Vec<String> = (1..=n).map(|i| format!("m{i}")).collect();
         let peer_ports: Vec<u16> = (0..n).map(|_| free_port_below_ephemeral()).collect();
         let initial = names
             .iter()
             .zip(&peer_ports)
-            .map(|(name, port)| format!("{name}=http://127.0.0.1:{port}"))
+            .map(|(name, port)| format!("{name}={peer_scheme}://127.0.0.1:{port}"))
             .collect::<Vec<_>>()
             .join(",");
         let token = format!("test-{:016x}", rand::random::<u64>());
@@ -289,6 +307,7 @@ impl Cluster {
                     extra_args: args,
                     nofile_limit: None,
                     client_urls: None,
+                    peer_scheme,
                 }
             })
             .collect();
@@ -949,6 +968,8 @@ pub mod peer {
         Forward,
         ForwardBatch,
         Members,
+        Vote,
+        AppendEntries,
     }
 
     /// One call to the peer service on `127.0.0.1:peer_port`, with the envelope's ids and
@@ -961,6 +982,17 @@ pub mod peer {
         payload: Vec<u8>,
     ) -> Result<PeerMessage, tonic::Status> {
         let ch = super::channel(&format!("127.0.0.1:{peer_port}")).await;
+        call_on(ch, method, envelope, token, payload).await
+    }
+
+    /// [`call`] over a channel the caller made (TLS, say).
+    pub async fn call_on(
+        ch: tonic::transport::Channel,
+        method: Method,
+        envelope: (u64, u64, u64),
+        token: Option<&str>,
+        payload: Vec<u8>,
+    ) -> Result<PeerMessage, tonic::Status> {
         let mut c = RaftClient::new(ch);
         let (cluster_id, from, to) = envelope;
         let msg = PeerMessage {
@@ -979,6 +1011,8 @@ pub mod peer {
             Method::Forward => super::within(d, c.forward(msg)).await,
             Method::ForwardBatch => super::within(d, c.forward_batch(msg)).await,
             Method::Members => super::within(d, c.members(msg)).await,
+            Method::Vote => super::within(d, c.vote(msg)).await,
+            Method::AppendEntries => super::within(d, c.append_entries(msg)).await,
         }
     }
 }
