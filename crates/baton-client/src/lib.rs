@@ -159,6 +159,7 @@ mod recipe;
 mod rwlock;
 mod semaphore;
 mod session;
+mod signed;
 mod token;
 mod util;
 mod watch;
@@ -194,6 +195,10 @@ pub use queue::Queue;
 pub use rwlock::RwLock;
 pub use semaphore::{Permit, Semaphore};
 pub use session::{Session, SessionOptions, SessionState};
+pub use signed::{
+    FenceKeys, KeyId, PublicKey, PublicKeys, PublicKeysParseError, Signature, SignedToken,
+    VerifyError, FENCING_KEY_ALGORITHM,
+};
 pub use token::FencingToken;
 pub use util::prefix_end;
 pub use watch::{EventKind, WatchEvent, WatchOptions, WatchStream};
