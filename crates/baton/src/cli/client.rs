@@ -141,20 +141,6 @@ pub fn parse_lease(text: &str) -> Result<i64, String> {
         .map_err(|_| format!("'{text}' is not a lease id (hex, as `baton lease grant` prints it)"))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::parse_lease;
-
-    #[test]
-    fn lease_ids_are_hex() {
-        assert_eq!(parse_lease("694d8c4f2a1b3c04"), Ok(0x694d8c4f2a1b3c04));
-        assert_eq!(parse_lease("0x10"), Ok(16));
-        assert_eq!(parse_lease("-ff"), Ok(-255));
-        assert!(parse_lease("lease").is_err());
-        assert!(parse_lease("").is_err());
-    }
-}
-
 /// A client of the leader among `args`' endpoints, and the leader's member id: for the calls
 /// only the leader serves (MoveLeader, fencing-key rotation). Asks every endpoint for its
 /// status, so the leader's endpoint must be among them.
@@ -195,4 +181,18 @@ pub async fn connect_leader(args: &ClientArgs) -> Result<(Client, u64)> {
             format!(" ({})", errors.join("; "))
         }
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_lease;
+
+    #[test]
+    fn lease_ids_are_hex() {
+        assert_eq!(parse_lease("694d8c4f2a1b3c04"), Ok(0x694d8c4f2a1b3c04));
+        assert_eq!(parse_lease("0x10"), Ok(16));
+        assert_eq!(parse_lease("-ff"), Ok(-255));
+        assert!(parse_lease("lease").is_err());
+        assert!(parse_lease("").is_err());
+    }
 }
