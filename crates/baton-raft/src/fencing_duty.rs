@@ -19,11 +19,14 @@ use openraft::ServerState;
 
 use crate::answer::{InternalError, ProposeError};
 use crate::replica::Replica;
+use crate::space;
 
 pub(crate) struct FencingKeyDuty {
     replica: Arc<Replica>,
     /// A bootstrap proposal is in flight (one at a time; the tick comes every 100 ms).
     bootstrapping: AtomicBool,
+    /// Warnings of failed bootstrap proposals (a full disk refuses one every tick).
+    bootstrap_log: space::RateLimit,
 }
 
 impl FencingKeyDuty {
@@ -31,6 +34,7 @@ impl FencingKeyDuty {
         Arc::new(FencingKeyDuty {
             replica,
             bootstrapping: AtomicBool::new(false),
+            bootstrap_log: space::RateLimit::default(),
         })
     }
 
