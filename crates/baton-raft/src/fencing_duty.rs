@@ -62,7 +62,9 @@ impl FencingKeyDuty {
                 Ok(Some(id)) => tracing::info!(key_id = id.0, "fencing key created (bootstrap)"),
                 Ok(None) => {}
                 Err(e) => {
-                    tracing::warn!(error = %e, "proposing the bootstrap fencing key failed; will retry")
+                    if duty.bootstrap_log.allow() {
+                        tracing::warn!(error = %e, "proposing the bootstrap fencing key failed; will retry");
+                    }
                 }
             }
             duty.bootstrapping.store(false, Ordering::Release);
