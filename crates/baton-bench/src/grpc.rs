@@ -32,6 +32,8 @@ pub struct H2Conn {
     send: h2::client::SendRequest<Bytes>,
     authority: http::uri::Authority,
     scheme: &'static str,
+    /// The `token` metadata of every request (`--auth`: `security::token` at connect).
+    token: Option<http::HeaderValue>,
 }
 
 impl H2Conn {
@@ -83,10 +85,15 @@ impl H2Conn {
             });
             send
         };
+        let token = crate::security::token()
+            .map(|t| http::HeaderValue::from_str(&t))
+            .transpose()
+            .context("the auth token is not a header value")?;
         Ok(H2Conn {
             send,
             authority,
             scheme: if tls { "https" } else { "http" },
+            token,
         })
     }
 
@@ -109,13 +116,16 @@ impl H2Conn {
             .path_and_query(path)
             .build()
             .context("request URI")?;
-        let request = Request::builder()
+        let mut request = Request::builder()
             .method(Method::POST)
             .uri(uri)
             .header("content-type", "application/grpc")
             .header("te", "trailers")
             .body(())
             .context("request")?;
+        if let Some(token) = &self.token {
+            request.headers_mut().insert("token", token.clone());
+        }
         let mut send = self.send.ready().await.context("HTTP/2 connection")?;
         let (response, mut stream) = send
             .send_request(request, false)

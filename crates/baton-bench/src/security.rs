@@ -123,3 +123,87 @@ pub fn rustls_config() -> Result<Arc<rustls::ClientConfig>> {
         .map(|t| t.rustls.clone())
         .context("an https:// endpoint, but no client TLS installed (--tls)")
 }
+
+/// `--auth`: the user the bench's key-value clients are, and its password. Not root: a
+/// user whose role grants read-write on every key, so each request takes the permission
+/// check a real application's does.
+pub const AUTH_USER: &str = "bench";
+const AUTH_PASSWORD: &str = "bench-password";
+const ROOT_PASSWORD: &str = "bench-root-password";
+
+/// The token of [`AUTH_USER`] on the deployment under test, shown on every key-value
+/// request (`token` metadata, as etcd's clients send it); `None` without `--auth`.
+static TOKEN: std::sync::RwLock<Option<String>> = std::sync::RwLock::new(None);
+
+/// The token the key-value clients connected from now on show.
+pub fn token() -> Option<String> {
+    TOKEN.read().expect("poisoned").clone()
+}
+
+/// Turns authentication on at `endpoint` with etcd's API alone, identically for etcd and
+/// Baton: a root user with the root role, a role `bench` with read-write on every key
+/// (from-key ""), the user [`AUTH_USER`] with it; then authenticates as that user and keeps
+/// the token for the clients ([`token`]).
+pub async fn enable_auth(endpoint: &str) -> Result<()> {
+    use baton_proto::authpb::{permission::Type as PermType, Permission};
+    use baton_proto::etcdserverpb::auth_client::AuthClient;
+    use baton_proto::etcdserverpb::{
+        AuthEnableRequest, AuthRoleAddRequest, AuthRoleGrantPermissionRequest, AuthUserAddRequest,
+        AuthUserGrantRoleRequest, AuthenticateRequest,
+    };
+
+    let ch = crate::engine::channel(endpoint, crate::engine::REQUEST_TIMEOUT).await?;
+    let mut auth = AuthClient::new(ch);
+    let user = |name: &str, password: &str| AuthUserAddRequest {
+        name: name.into(),
+        password: password.into(),
+        ..Default::default()
+    };
+    auth.user_add(user("root", ROOT_PASSWORD))
+        .await
+        .context("adding user root")?;
+    auth.user_grant_role(AuthUserGrantRoleRequest {
+        user: "root".into(),
+        role: "root".into(),
+    })
+    .await
+    .context("granting root the root role")?;
+    auth.role_add(AuthRoleAddRequest {
+        name: AUTH_USER.into(),
+    })
+    .await
+    .context("adding the bench role")?;
+    auth.role_grant_permission(AuthRoleGrantPermissionRequest {
+        name: AUTH_USER.into(),
+        perm: Some(Permission {
+            perm_type: PermType::Readwrite as i32,
+            key: vec![0],
+            range_end: vec![0],
+        }),
+    })
+    .await
+    .context("granting the bench role every key")?;
+    auth.user_add(user(AUTH_USER, AUTH_PASSWORD))
+        .await
+        .context("adding the bench user")?;
+    auth.user_grant_role(AuthUserGrantRoleRequest {
+        user: AUTH_USER.into(),
+        role: AUTH_USER.into(),
+    })
+    .await
+    .context("granting the bench user its role")?;
+    auth.auth_enable(AuthEnableRequest {})
+        .await
+        .context("enabling authentication")?;
+    let token = auth
+        .authenticate(AuthenticateRequest {
+            name: AUTH_USER.into(),
+            password: AUTH_PASSWORD.into(),
+        })
+        .await
+        .context("authenticating as the bench user")?
+        .into_inner()
+        .token;
+    *TOKEN.write().expect("poisoned") = Some(token);
+    Ok(())
+}

@@ -84,6 +84,8 @@ pub struct Settings {
     pub snapshot_count: Option<u64>,
     /// TLS on every port, certificates required (`--tls`); `None`: plain text.
     pub tls: Option<crate::security::TlsFiles>,
+    /// Authentication on (`--auth`, `security::enable_auth`) once the deployment is ready.
+    pub auth: bool,
 }
 
 /// One member process and how to start it again.
@@ -203,7 +205,10 @@ impl Deployment {
         for i in 0..n {
             deployment.spawn(i)?;
         }
-        deployment.wait_ready().await?;
+        let leader = deployment.wait_ready().await?;
+        if settings.auth {
+            crate::security::enable_auth(&deployment.endpoints()[leader]).await?;
+        }
         Ok(deployment)
     }
 

@@ -239,6 +239,11 @@ pub struct SideBySideArgs {
     /// test certificates; `security`), and this process's clients over TLS.
     #[arg(long)]
     pub tls: bool,
+    /// Authentication on in both servers (etcd's simple tokens, each server's default), the
+    /// key-value clients a user with read-write on every key (not root, so every request
+    /// takes the permission check). Only the put, txn-put workloads.
+    #[arg(long)]
+    pub auth: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -301,6 +306,16 @@ fn plan(a: &SideBySideArgs) -> Result<Plan> {
     };
     items.sort();
     items.dedup();
+    if a.auth {
+        // The other workloads' clients (tonic: leases, watches, locks, the range key's
+        // preparation, failover's restarts) show no token.
+        if let Some(other) = items
+            .iter()
+            .find(|i| !matches!(i, Item::Put1 | Item::Put100 | Item::TxnPut100))
+        {
+            bail!("--auth runs only put1, put100 and txn-put100, not {other:?}");
+        }
+    }
     let duration = a.duration.unwrap_or(if a.quick { 3.0 } else { 8.0 });
     let mut rss_keys = if a.rss_keys.is_empty() {
         if a.quick {
@@ -373,6 +388,7 @@ pub async fn side_by_side(args: SideBySideArgs) -> Result<()> {
         election_ms: args.election_ms,
         snapshot_count: args.snapshot_count,
         tls,
+        auth: args.auth,
     };
     let load_average = std::fs::read_to_string("/proc/loadavg")
         .ok()
@@ -627,11 +643,18 @@ pub async fn side_by_side(args: SideBySideArgs) -> Result<()> {
             settings
                 .snapshot_count
                 .map_or("each server's default".to_string(), |c| c.to_string()),
-            if settings.tls.is_some() {
-                "TLS on every port, client and peer certificates required (--tls: \
-                 etcd's test certificates, RSA 2048)"
-            } else {
-                "plain text (no TLS)"
+            match (settings.tls.is_some(), settings.auth) {
+                (true, true) =>
+                    "TLS on every port, client and peer certificates required \
+                     (--tls: etcd's test certificates, RSA 2048); authentication on (--auth: \
+                     simple tokens, a non-root user with read-write on every key)",
+                (true, false) =>
+                    "TLS on every port, client and peer certificates required \
+                     (--tls: etcd's test certificates, RSA 2048)",
+                (false, true) =>
+                    "plain text; authentication on (--auth: simple tokens, a \
+                     non-root user with read-write on every key)",
+                (false, false) => "plain text, no authentication",
             }
         ),
         format!(

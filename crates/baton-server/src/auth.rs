@@ -229,7 +229,7 @@ impl Authenticator {
         Ok(conn
             .and_then(|c| c.peer_certs.as_ref())
             .and_then(|certs| certs.first())
-            .and_then(|leaf| common_name(leaf.as_ref()))
+            .and_then(|leaf| baton_tls::common_name(leaf))
             .map(|user| AuthInfo {
                 user,
                 revision: sm.auth_revision(),
@@ -423,13 +423,6 @@ fn parse_go_duration(s: &str) -> Option<Duration> {
         total += Duration::from_secs_f64(n * scale);
     }
     Some(total)
-}
-
-/// The subject's common name of a DER certificate (what etcd takes as the user name).
-pub fn common_name(der: &[u8]) -> Option<String> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    let cn = cert.subject().iter_common_name().next()?;
-    cn.as_str().ok().map(str::to_string)
 }
 
 #[cfg(test)]

@@ -108,15 +108,36 @@ pub async fn serve_with_locks(
         metrics = ?shared.config.metrics_addrs,
         "serving"
     );
-    while let Some(res) = tasks.join_next().await {
-        match res {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(e),
-            Err(e) => return Err(ServeError::Transport(e.to_string())),
+    // Once told to stop, connections get SHUTDOWN_GRACE to finish; streams that never end by
+    // themselves (watches, keep-alives, lock waits) would otherwise hold the shutdown
+    // forever, and a member that does not stop on SIGINT/SIGTERM is one an operator kills.
+    let mut stop = stop_rx.clone();
+    let mut grace: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
+    loop {
+        tokio::select! {
+            res = tasks.join_next() => match res {
+                None => return Ok(()),
+                Some(Ok(Ok(()))) => {}
+                Some(Ok(Err(e))) => return Err(e),
+                Some(Err(e)) => return Err(ServeError::Transport(e.to_string())),
+            },
+            _ = stop.wait_for(|s| *s), if grace.is_none() => {
+                grace = Some(Box::pin(tokio::time::sleep(SHUTDOWN_GRACE)));
+            }
+            _ = async { grace.as_mut().expect("guarded").await }, if grace.is_some() => {
+                tracing::info!(
+                    grace = ?SHUTDOWN_GRACE,
+                    "closing the client connections still open"
+                );
+                tasks.abort_all();
+                return Ok(());
+            }
         }
     }
-    Ok(())
 }
+
+/// How long a stopping member waits for its client connections to finish their calls.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The layers [`grpc_router`] stacks around the services: metrics outermost (it counts
 /// the codes clients see), then the learner guard, then the receive-limit rewrite.

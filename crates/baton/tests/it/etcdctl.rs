@@ -395,3 +395,30 @@ fn endpoint_status_and_member_list() {
         "{out:?}"
     );
 }
+
+/// A member stops on SIGTERM although clients hold streams that never end by themselves
+/// (a watch): they get `baton_server::SHUTDOWN_GRACE` to finish, then the connections close.
+/// Without the bound the member waited for the watcher to go away, and an operator (or
+/// etcd's e2e suite, restarting a member) had to kill it.
+#[test]
+fn sigterm_stops_the_member_despite_open_watches() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = crate::common::Baton::start(dir.path());
+    let mut watch = crate::common::etcdctl_cmd(&b.endpoint())
+        .args(["watch", "forever"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let asked = std::time::Instant::now();
+    let status = b.terminate();
+    let took = asked.elapsed();
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert!(status.success(), "{status:?}: {}", b.log());
+    assert!(
+        took < std::time::Duration::from_secs(6),
+        "stopping took {took:?}"
+    );
+}
