@@ -57,9 +57,11 @@ pub const ALGORITHM: &str = "ed25519";
 pub struct KeyId(u64);
 
 impl KeyId {
+    /// The key with this id (as read from the wire or the text form).
     pub const fn new(id: u64) -> KeyId {
         KeyId(id)
     }
+    /// The number, for the wire and the text form.
     pub const fn get(self) -> u64 {
         self.0
     }
@@ -76,15 +78,19 @@ impl fmt::Display for KeyId {
 pub struct PublicKey([u8; 32]);
 
 impl PublicKey {
+    /// The key of these 32 bytes (any bytes: a bad key just verifies nothing).
     pub const fn from_bytes(bytes: [u8; 32]) -> PublicKey {
         PublicKey(bytes)
     }
+    /// The 32 bytes.
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }
+    /// 64 lowercase hex digits, as in the text form.
     pub fn to_hex(&self) -> String {
         hex(&self.0)
     }
+    /// Reads 64 hex digits.
     pub fn from_hex(text: &str) -> Result<PublicKey, ParseError> {
         Ok(PublicKey(unhex(text, "public key")?))
     }
@@ -101,6 +107,7 @@ impl fmt::Debug for PublicKey {
 pub struct Signature([u8; 64]);
 
 impl Signature {
+    /// The signature of these 64 bytes.
     pub const fn from_bytes(bytes: [u8; 64]) -> Signature {
         Signature(bytes)
     }
@@ -114,6 +121,7 @@ impl Signature {
                 got: bytes.len(),
             })
     }
+    /// The 64 bytes.
     pub fn as_bytes(&self) -> &[u8; 64] {
         &self.0
     }
@@ -121,6 +129,7 @@ impl Signature {
     pub fn to_hex(&self) -> String {
         hex(&self.0)
     }
+    /// Reads 128 hex digits.
     pub fn from_hex(text: &str) -> Result<Signature, ParseError> {
         Ok(Signature(unhex(text, "signature")?))
     }
@@ -135,9 +144,13 @@ impl fmt::Debug for Signature {
 /// What a grant's signature covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Grant<'a> {
+    /// The lock's name.
     pub name: &'a [u8],
+    /// The fencing token (the holder key's create revision).
     pub token: i64,
+    /// The holder's lease id.
     pub lease: i64,
+    /// The store revision of the grant.
     pub revision: i64,
 }
 
@@ -178,10 +191,12 @@ impl SigningKey {
         SigningKey { id, pair }
     }
 
+    /// The id signatures name.
     pub fn id(&self) -> KeyId {
         self.id
     }
 
+    /// The public half, derived from the seed.
     pub fn public_key(&self) -> PublicKey {
         let bytes: [u8; 32] = self
             .pair
@@ -231,16 +246,20 @@ pub enum VerifyError {
 /// Why a key, a signature or the public keys' text could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ParseError {
+    /// A key or signature of the wrong length.
     #[error("{what}: expected {expected} bytes, got {got}")]
     Length {
         what: &'static str,
         expected: usize,
         got: usize,
     },
+    /// A key or signature with a non-hex digit.
     #[error("{0}: not hexadecimal")]
     NotHex(&'static str),
+    /// A line of the text form that is not `ed25519 <id> <hex>`.
     #[error("line {line}: {reason}")]
     Line { line: usize, reason: String },
+    /// The text form lists one id twice.
     #[error("key id {0} listed twice")]
     DuplicateKey(KeyId),
 }
@@ -252,6 +271,7 @@ pub struct PublicKeys {
 }
 
 impl PublicKeys {
+    /// No keys (verifies nothing).
     pub fn new() -> PublicKeys {
         PublicKeys::default()
     }
@@ -261,14 +281,17 @@ impl PublicKeys {
         self.keys.insert(id, key);
     }
 
+    /// Key `id`, if configured.
     pub fn get(&self, id: KeyId) -> Option<&PublicKey> {
         self.keys.get(&id)
     }
 
+    /// Whether no key is configured.
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
     }
 
+    /// How many keys.
     pub fn len(&self) -> usize {
         self.keys.len()
     }
