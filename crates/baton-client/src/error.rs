@@ -90,6 +90,11 @@ pub enum Error {
     /// A double barrier got more participants than its count.
     #[error("too many participants in the barrier")]
     TooManyParticipants,
+    /// A fencing token's signature did not verify against the configured public keys (a
+    /// forged or altered token, a token of another cluster, an unknown key id, or no
+    /// signature at all): refused without asking Baton.
+    #[error("fencing token refused: {0}")]
+    InvalidFencingSignature(baton_fencing::VerifyError),
     /// Any other server error, with gRPC's code and the server's message.
     #[error("server error {code:?}: {message}")]
     Server {

@@ -54,7 +54,9 @@
 //! Stopping is best effort: a process paused between "I still hold it" and its write
 //! writes late. Only the resource can refuse that write, which is what the fencing token is
 //! for: [`Guard::fenced_put`] for data in Baton, [`FenceGate`] for services without their
-//! own check, and a conditional update for databases (below).
+//! own check, and a conditional update for databases (below). A resource that may meet
+//! clients it does not trust verifies the grant's signature too ([`SignedToken`]): a
+//! made-up higher token would otherwise lock every honest holder out.
 //!
 //! # Fencing a PostgreSQL table
 //!
@@ -119,6 +121,8 @@
 //! | [`Guard::fenced_put`] | `FencedPut` | the same two conditions as one Txn (identical semantics) |
 //! | [`Guard::release`] | `Release` (token checked) | Txn `create_revision(key) == token` → delete (identical semantics) |
 //! | [`FenceGate`] | `baton.v1.Fence/Check` | [`Error::Unsupported`] |
+//! | [`Guard::signed_token`], [`FenceGate::check_signed`] | grants signed by the cluster's key, verified before the gate is asked | `None`: etcd signs nothing |
+//! | [`Client::fence_public_keys`], [`Client::rotate_fence_key`] | `baton.v1.Fence/PublicKeys`, `RotateKey` | [`Error::Unsupported`] |
 //! | operator force-release | `baton.v1.Lock/ForceRelease`; the holder's [`Guard::lost`] fires ([`LostReason::KeyDeleted`]) | none; deleting the key by hand has the same effect on the holder |
 //! | [`Election`] | `v3election` on the same lock queues as locks (lease 0 refused; the lease is checked at grant) | `v3election` (etcd 3.4's server-side recipe may elect a candidate whose lease just expired, etcd#11456; [`Leadership::lost`] then fires) |
 //! | [`Election::observe`] | the leader, then each change of leader or proclamation, each judged at its own revision | etcd's `Observe` (the same events in the tests) |
@@ -159,6 +163,7 @@ mod recipe;
 mod rwlock;
 mod semaphore;
 mod session;
+mod signed;
 mod token;
 mod util;
 mod watch;
@@ -194,6 +199,10 @@ pub use queue::Queue;
 pub use rwlock::RwLock;
 pub use semaphore::{Permit, Semaphore};
 pub use session::{Session, SessionOptions, SessionState};
+pub use signed::{
+    FenceKeys, KeyId, PublicKey, PublicKeys, PublicKeysParseError, Signature, SignedToken,
+    VerifyError, FENCING_KEY_ALGORITHM,
+};
 pub use token::FencingToken;
 pub use util::prefix_end;
 pub use watch::{EventKind, WatchEvent, WatchOptions, WatchStream};

@@ -20,6 +20,7 @@ use crate::recipe::{
     create_own_key, delete_if_created, guarded, newest_before, wait_deleted, Cleanup,
 };
 use crate::session::Session;
+use crate::signed::{PublicKeys, SignedToken, VerifyError};
 use crate::token::FencingToken;
 use crate::util::{backoff, join, lease_hex, show, until};
 
@@ -201,9 +202,23 @@ impl Mutex {
             name,
             key,
             token,
+            signed: None,
             kind,
             released: false,
         }
+    }
+
+    /// A guard of a `baton.v1.Lock` grant, with the grant's signed token.
+    fn signed_guard(&self, name: Vec<u8>, resp: bpb::AcquireResponse) -> Guard {
+        let signed = SignedToken::from_grant(&name, &resp);
+        let mut g = self.guard(
+            name,
+            resp.key,
+            FencingToken::new(resp.fencing_token),
+            ServerKind::Baton,
+        );
+        g.signed = Some(signed);
+        g
     }
 
     async fn acquire_baton(&self, name: Vec<u8>, opts: &LockOptions) -> Result<Guard> {
@@ -236,14 +251,7 @@ impl Mutex {
                 async move { LockClient::new(ch).acquire(r).await }
             });
             match guarded(&self.session, call).await {
-                Ok(resp) => {
-                    return Ok(self.guard(
-                        name,
-                        resp.key,
-                        FencingToken::new(resp.fencing_token),
-                        ServerKind::Baton,
-                    ))
-                }
+                Ok(resp) => return Ok(self.signed_guard(name, resp)),
                 Err(e) if e.is_transient() => {
                     attempt += 1;
                     tracing::debug!(error = %e, "acquire failed transiently; retrying");
@@ -300,14 +308,7 @@ impl Mutex {
             .locks
             .into_iter()
             .zip(names)
-            .map(|(l, name)| {
-                self.guard(
-                    name,
-                    l.key,
-                    FencingToken::new(l.fencing_token),
-                    ServerKind::Baton,
-                )
-            })
+            .map(|(l, name)| self.signed_guard(name, l))
             .collect())
     }
 
@@ -419,6 +420,8 @@ pub struct Guard {
     name: Vec<u8>,
     key: Vec<u8>,
     token: FencingToken,
+    /// The grant's signed token (`baton.v1.Lock` only; etcd signs nothing).
+    signed: Option<SignedToken>,
     kind: ServerKind,
     session: Session,
     holding: Holding,
@@ -442,6 +445,11 @@ impl Guard {
     /// This holder's key (`name/<lease hex>`).
     pub fn key(&self) -> &[u8] {
         &self.key
+    }
+    /// The grant's signed fencing token, for resources that verify signatures (see
+    /// [`FenceGate::with_public_keys`]); `None` on etcd, which signs nothing.
+    pub fn signed_token(&self) -> Option<&SignedToken> {
+        self.signed.as_ref()
     }
     /// The fencing token (the key's create revision).
     pub fn fencing_token(&self) -> FencingToken {
@@ -669,9 +677,17 @@ pub struct FenceCheck {
 /// ));
 /// # Ok(()) });
 /// ```
+///
+/// **Signed tokens.** Configured with the cluster's public keys
+/// ([`FenceGate::with_public_keys`], from [`Client::fence_public_keys`] or
+/// `baton fence public-key`), the gate accepts only tokens whose signature verifies
+/// ([`FenceGate::check_signed`] with a [`Guard::signed_token`]): a forged or altered token
+/// is refused with [`Error::InvalidFencingSignature`] *before* Baton is asked, so it raises
+/// no one's highest token. A plain [`FenceGate::check`] is then refused too (unsigned).
 #[derive(Debug, Clone)]
 pub struct FenceGate {
     client: Client,
+    keys: Option<PublicKeys>,
 }
 
 impl FenceGate {
@@ -679,22 +695,71 @@ impl FenceGate {
     pub fn new(client: &Client) -> FenceGate {
         FenceGate {
             client: client.clone(),
+            keys: None,
+        }
+    }
+
+    /// Only validly signed tokens pass from now on (see the type's docs).
+    pub fn with_public_keys(mut self, keys: PublicKeys) -> FenceGate {
+        self.keys = Some(keys);
+        self
+    }
+
+    /// [`FenceGate::check`] of a signed token: with public keys configured its signature
+    /// is verified first, and a token that does not verify is refused without calling
+    /// Baton ([`Error::InvalidFencingSignature`]).
+    pub async fn check_signed(
+        &self,
+        resource: impl Into<Vec<u8>>,
+        token: &SignedToken,
+    ) -> Result<FenceCheck> {
+        if let Some(keys) = &self.keys {
+            token.verify(keys).map_err(Error::InvalidFencingSignature)?;
+        }
+        self.ask(resource.into(), token.token).await
+    }
+
+    /// [`FenceGate::check_signed`] as a `Result`, like [`FenceGate::admit`].
+    pub async fn admit_signed(
+        &self,
+        resource: impl Into<Vec<u8>>,
+        token: &SignedToken,
+    ) -> Result<()> {
+        let c = self.check_signed(resource, token).await?;
+        if c.accepted {
+            Ok(())
+        } else {
+            Err(Error::FencingTokenRejected {
+                token: token.token,
+                highest: Some(c.highest_token),
+            })
         }
     }
 
     /// Records `token` for `resource` if it is at least the highest seen; says whether it
     /// was accepted and what the highest now is. Repeating a check is harmless, so it is
     /// retried on failover.
+    ///
+    /// With public keys configured a bare token proves nothing, so it is refused
+    /// ([`Error::InvalidFencingSignature`] with [`VerifyError::Unsigned`]) without calling
+    /// Baton: use [`FenceGate::check_signed`].
     pub async fn check(
         &self,
         resource: impl Into<Vec<u8>>,
         token: FencingToken,
     ) -> Result<FenceCheck> {
+        if self.keys.is_some() {
+            return Err(Error::InvalidFencingSignature(VerifyError::Unsigned));
+        }
+        self.ask(resource.into(), token).await
+    }
+
+    async fn ask(&self, resource: Vec<u8>, token: FencingToken) -> Result<FenceCheck> {
         if self.client.server_kind().await? == ServerKind::Etcd {
             return Err(Error::Unsupported("the fence gate (baton.v1.Fence)"));
         }
         let req = bpb::FenceCheckRequest {
-            resource: resource.into(),
+            resource,
             fencing_token: token.get(),
         };
         let id = self.client.next_request_id();

@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::auth::{AuthCommand, AuthError, AuthInfo, AuthResponse};
+use crate::fencing_keys::{FencingKeyId, FencingKeyMode, FencingPublicKey, FencingSecret};
 use crate::types::{
     CommandIndex, Event, FencingToken, KeyRange, KeyValue, LeaseId, Revision, Term,
 };
@@ -147,6 +148,16 @@ pub enum Command {
         auth: AuthInfo,
         command: Box<Command>,
     },
+    /// Installs a fencing-token signing key (`crate::fencing_keys`): the leader's bootstrap
+    /// key (only while there is none) or an operator's rotation. `public` is derived from
+    /// `secret` by whoever proposes (the core holds bytes and checks nothing of them); only
+    /// the leader proposes it, with a seed it drew itself (`baton_raft::origin`), so no
+    /// client or peer chooses the cluster's key.
+    FencingKey {
+        mode: FencingKeyMode,
+        public: FencingPublicKey,
+        secret: FencingSecret,
+    },
 }
 
 /// What an [`Command::Alarm`] does.
@@ -197,7 +208,9 @@ impl Command {
                 Command::Put(_)
                 | Command::LeaseGrant { .. }
                 | Command::LockEnqueue { .. }
-                | Command::RegisterClient { .. } => true,
+                | Command::RegisterClient { .. }
+                // A key kept for good (public keys are never collected below the bound).
+                | Command::FencingKey { .. } => true,
                 Command::Txn(t) => txn_puts(t),
                 Command::Auth(a) => a.adds_data(),
                 Command::Noop
@@ -523,6 +536,11 @@ pub enum Response {
         changed: Option<(u64, AlarmType)>,
     },
     Auth(AuthResponse),
+    /// The answer to [`Command::FencingKey`]: the id the key got, `None` when a bootstrap
+    /// found a key already.
+    FencingKey {
+        installed: Option<FencingKeyId>,
+    },
 }
 
 #[cfg(test)]

@@ -17,12 +17,14 @@
 //! - a fence check accepts a token iff it is `>=` the highest recorded for the resource;
 //! - a `Deduplicated` write is applied at most once per `(client, sequence)`: a retry gets
 //!   the first answer and changes nothing; sessions expire by entry time only;
+//! - the fencing key ring only grows a current key (bootstrap once, rotations after), and
+//!   a rotation drops the old private key but keeps its public key;
 //! - with auth enabled, an `Authorized` command is applied only if its user may touch every
 //!   key it names (both branches and the compares of a txn), else it changes nothing; the
 //!   auth revision only grows.
 //!
 //! Codemap: `auth` is the auth store's data (users, roles, permissions, simple tokens)
-//! and the pure permission check over merged intervals; `command`/`types` are the contract with the raft and server crates; `locks` is
+//! and the pure permission check over merged intervals; `command`/`types` are the contract with the raft and server crates; `fencing_keys` is the replicated signing key ring (bytes only: no crypto here); `locks` is
 //! the lock registry (lock-delay, force-release history, queue index) and the fence table;
 //! `clients` (private) holds the de-duplication sessions and their cached answers;
 //! `state_machine` checks then executes each entry (one module per domain: `kv`, `lease`,
@@ -37,6 +39,7 @@ pub mod auth;
 mod clients;
 pub mod command;
 mod crc32;
+pub mod fencing_keys;
 pub mod format;
 pub mod locks;
 mod mvcc;
@@ -51,6 +54,10 @@ pub use auth::{
 };
 pub use clients::{MAX_CACHED_RESPONSES, MAX_CLIENT_SESSIONS};
 pub use command::*;
+pub use fencing_keys::{
+    CurrentFencingKey, FencingKeyId, FencingKeyMode, FencingKeys, FencingPublicKey, FencingSecret,
+    MAX_FENCING_KEYS,
+};
 pub use locks::{
     lock_key, lock_name_of, lock_prefix, prefix_end, ForceReleaseRecord, LockInfo, LockSummary,
     FORCE_RELEASE_RETENTION_MS, MAX_FENCE_RESOURCES, MAX_FORCE_RELEASE_RECORDS, MAX_LOCKS,

@@ -80,6 +80,7 @@ pub(crate) fn validate(cmd: &Command) -> Result<(), KvError> {
         Command::RegisterClient { .. }
         | Command::UnregisterClient { .. }
         | Command::Alarm { .. }
+        | Command::FencingKey { .. }
         | Command::Auth(_) => Ok(()),
         Command::Authorized { command, .. } => match **command {
             Command::Authorized { .. } => Err(KvError::MisplacedAuthorized),

@@ -406,6 +406,7 @@ mod tests {
             LeaderDuty::ExpireLeasesInTerm,
             LeaderDuty::LeaseCheckpoint,
             LeaderDuty::RaiseAlarm,
+            LeaderDuty::FencingKey,
         ];
         problems.extend(check_payloads(
             "leader_duty",
@@ -416,6 +417,7 @@ mod tests {
                 LeaderDuty::ExpireLeasesInTerm => "expire_leases_in_term",
                 LeaderDuty::LeaseCheckpoint => "lease_checkpoint",
                 LeaderDuty::RaiseAlarm => "raise_alarm",
+                LeaderDuty::FencingKey => "fencing_key",
             }),
         ));
         let changes = vec![

@@ -53,6 +53,7 @@ mod disk_watch;
 mod election;
 mod env;
 mod error;
+mod fencing_duty;
 mod files;
 mod forward;
 #[cfg(test)]

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use crate::answer::{KeepAlive, ProposeError, Proposed};
 use crate::deletions::KeyDeletion;
 use crate::disk_watch::DiskWatch;
+use crate::fencing_duty::FencingKeyDuty;
 use crate::lease_duty::{self, LeaseDuty};
 use crate::limits::REQUEST_TIMEOUT;
 use crate::membership::change::{MemberChange, MemberChanged, MemberError, MemberInfo};
@@ -40,6 +41,7 @@ pub(crate) struct Parts {
     pub(crate) leases: Arc<LeaseDuty>,
     pub(crate) members: Arc<Members>,
     pub(crate) disk: Arc<DiskWatch>,
+    pub(crate) fencing: Arc<FencingKeyDuty>,
     /// What the peer service serves (it holds a weak reference).
     pub(crate) handlers: Arc<Handlers>,
     pub(crate) tasks: parking_lot::Mutex<Vec<tokio::task::JoinHandle<()>>>,
@@ -198,6 +200,14 @@ impl Node {
         let mut out = vec![0; n];
         rand::RngCore::fill_bytes(&mut *self.parts.replica.rng.lock(), &mut out);
         out
+    }
+
+    /// Rotates the fencing-token signing key: the leader makes a new key pair and
+    /// replicates it; grants are signed with it from then on, and the old public key stays
+    /// listed (tokens it signed may still be held). Served only by the leader
+    /// ([`ProposeError::NotLeader`] elsewhere, naming it). Who may ask is the server's rule.
+    pub async fn rotate_fencing_key(&self) -> Result<baton_core::FencingKeyId, ProposeError> {
+        self.parts.fencing.rotate().await
     }
 
     pub fn status(&self) -> NodeStatus {

@@ -3,7 +3,8 @@
 //! Most commands are a client's request, made on any member and forwarded to the leader if
 //! need be. A few are decided by the leader alone, from state only it has: lease expiry (its
 //! lease clock says a deadline passed), lease checkpoints (remaining TTLs it measured) and
-//! blank entries, and raising an alarm (its disk watch says the disk is nearly full).
+//! blank entries, raising an alarm (its disk watch says the disk is nearly full), and
+//! installing a fencing-token signing key (it draws the key itself: bootstrap, rotation).
 //! Applied from anywhere else they are an attack, not a request: a forged
 //! `ExpireLeases` expires a live lease at once, whatever its TTL (issue 14). So every
 //! command that enters a replica from outside — the public [`crate::Node::propose`] and
@@ -34,6 +35,13 @@ pub enum LeaderDuty {
     /// request (`etcdctl alarm disarm`), as in etcd. Appended last: this enum travels in
     /// `ProposeError::LeaderOnly` between members.
     RaiseAlarm,
+    /// Installing a fencing-token signing key (`Command::FencingKey`, bootstrap or
+    /// rotation): the leader draws the seed itself (`fencing_duty`), so nobody outside it
+    /// — a client through a server, a peer holding the cluster token — can make the
+    /// cluster sign with a key of their choice (whoever chose it could forge every token).
+    /// An operator asks for a rotation (`Node::rotate_fencing_key`), never proposes the key.
+    /// Appended last: this enum travels between members.
+    FencingKey,
 }
 
 impl LeaderDuty {
@@ -45,6 +53,7 @@ impl LeaderDuty {
             LeaderDuty::ExpireLeasesInTerm => "ExpireLeasesInTerm",
             LeaderDuty::LeaseCheckpoint => "LeaseCheckpoint",
             LeaderDuty::RaiseAlarm => "Alarm(Activate)",
+            LeaderDuty::FencingKey => "FencingKey",
         }
     }
 }
@@ -108,6 +117,7 @@ pub fn origin(command: &Command) -> Origin {
             Command::ExpireLeases { .. } => LeaderDuty::ExpireLeases,
             Command::ExpireLeasesInTerm { .. } => LeaderDuty::ExpireLeasesInTerm,
             Command::LeaseCheckpoint { .. } => LeaderDuty::LeaseCheckpoint,
+            Command::FencingKey { .. } => LeaderDuty::FencingKey,
         };
         return Origin::Leader(duty);
     }
@@ -203,6 +213,11 @@ mod tests {
                 },
                 command: Box::new(Command::Put(PutRequest::default())),
             },
+            Command::FencingKey {
+                mode: baton_core::FencingKeyMode::Rotate,
+                public: baton_core::FencingPublicKey([1; 32]),
+                secret: baton_core::FencingSecret([2; 32]),
+            },
         ];
         all.into_iter()
             .map(|c| {
@@ -213,6 +228,7 @@ mod tests {
                         Origin::Leader(LeaderDuty::ExpireLeasesInTerm)
                     }
                     Command::LeaseCheckpoint { .. } => Origin::Leader(LeaderDuty::LeaseCheckpoint),
+                    Command::FencingKey { .. } => Origin::Leader(LeaderDuty::FencingKey),
                     Command::Alarm {
                         action: AlarmAction::Activate,
                         ..
@@ -246,7 +262,7 @@ mod tests {
         let cases = every_variant();
         assert_eq!(
             cases.len(),
-            20,
+            21,
             "one case per Command variant (two for Alarm)"
         );
         for (command, expected) in cases {
@@ -280,7 +296,8 @@ mod tests {
                 LeaderDuty::ExpireLeases,
                 LeaderDuty::ExpireLeasesInTerm,
                 LeaderDuty::LeaseCheckpoint,
-                LeaderDuty::RaiseAlarm
+                LeaderDuty::RaiseAlarm,
+                LeaderDuty::FencingKey
             ]
         );
     }

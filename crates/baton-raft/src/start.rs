@@ -18,6 +18,7 @@ use crate::credential::ClusterCredential;
 use crate::disk_watch::DiskWatch;
 use crate::election::{self, Elector};
 use crate::error::{invalid_data, io_error, StartError};
+use crate::fencing_duty::FencingKeyDuty;
 use crate::files::{self, MemberMeta};
 use crate::leader_service::LeaderService;
 use crate::lease_duty::LeaseDuty;
@@ -388,6 +389,7 @@ fn assemble(
     ));
     let members = Arc::new(Members::new(router.clone(), clustered));
     let disk = DiskWatch::new(replica.clone(), router.clone());
+    let fencing = FencingKeyDuty::new(replica.clone());
     let elector = Arc::new(Elector::new(replica.clone(), peers));
     let handlers = Arc::new(Handlers {
         leader: LeaderService {
@@ -406,6 +408,7 @@ fn assemble(
         leases,
         members,
         disk,
+        fencing,
         handlers,
         tasks: parking_lot::Mutex::new(vec![proposer_task]),
         dir_lock: parking_lot::Mutex::new(Some(dir_lock)),
@@ -517,6 +520,7 @@ fn spawn_duties(parts: &Parts) {
     let ticker = tokio::spawn(ticker::run(
         Arc::downgrade(&parts.leases),
         Arc::downgrade(&parts.disk),
+        Arc::downgrade(&parts.fencing),
     ));
     let publish = tokio::spawn(publish::run(Arc::downgrade(&parts.router)));
     let removal = tokio::spawn(membership::removal_loop(Arc::downgrade(&parts.router)));

@@ -10,7 +10,7 @@ use baton_proto::baton::v1 as pb;
 use tonic::{Request, Status};
 
 use crate::convert;
-use crate::errors::kv_status;
+use crate::errors::{kv_status, rotate_key_status};
 use crate::kv::{check_size, unexpected};
 use crate::locks::{AcquireSpec, Held, LockEngine};
 
@@ -66,16 +66,44 @@ fn spec(
 }
 
 impl LockService {
+    /// The grant's answer, signed with the cluster's current fencing key (every member
+    /// holds it, so a follower signs the grants it serves as the leader does).
     fn acquired(&self, held: Held) -> pb::AcquireResponse {
         let header = self
             .engine
             .shared()
             .header_at(held.revision, held.raft_term);
+        let name = baton_core::lock_name_of(&held.kv.key).unwrap_or_default();
+        let grant = baton_fencing::Grant {
+            name,
+            token: held.token().0,
+            lease: held.kv.lease.0,
+            revision: held.revision,
+        };
+        let signed = self.engine.shared().node.read(|sm| {
+            sm.fencing_keys().current().map(|k| {
+                let key = baton_fencing::SigningKey::from_seed(
+                    baton_fencing::KeyId::new(k.id.0),
+                    &k.secret.0,
+                );
+                (key.sign(&grant), k.id.0)
+            })
+        });
+        let (signature, key_id) = match signed {
+            Some((sig, id)) => (sig.as_bytes().to_vec(), id),
+            None => {
+                tracing::warn!("lock granted before the cluster has a fencing key: unsigned");
+                (Vec::new(), 0)
+            }
+        };
         pb::AcquireResponse {
             header: Some(header),
             fencing_token: held.token().0,
             lease: held.kv.lease.0,
             key: held.kv.key,
+            signature,
+            key_id,
+            revision: held.revision,
         }
     }
 
@@ -442,5 +470,49 @@ impl pb::fence_server::Fence for FenceService {
             Response::Error(e) => Err(kv_status(&e)),
             other => Err(unexpected(other)),
         }
+    }
+
+    async fn public_keys(
+        &self,
+        _request: Request<pb::FencePublicKeysRequest>,
+    ) -> Result<tonic::Response<pb::FencePublicKeysResponse>, Status> {
+        let shared = self.engine.shared();
+        let keys = shared.node.read(|sm| {
+            let ring = sm.fencing_keys();
+            let current = ring.current().map(|c| c.id);
+            ring.public_keys()
+                .iter()
+                .map(|(id, key)| pb::FencePublicKey {
+                    id: id.0,
+                    algorithm: baton_fencing::ALGORITHM.into(),
+                    public_key: key.0.to_vec(),
+                    current: Some(*id) == current,
+                })
+                .collect()
+        });
+        Ok(tonic::Response::new(pb::FencePublicKeysResponse {
+            header: Some(shared.header()),
+            keys,
+        }))
+    }
+
+    async fn rotate_key(
+        &self,
+        request: Request<pb::FenceRotateKeyRequest>,
+    ) -> Result<tonic::Response<pb::FenceRotateKeyResponse>, Status> {
+        let shared = self.engine.shared();
+        let caller = shared.caller(&request)?;
+        // Whoever rotates decides when every holder's resource must learn a new key: an
+        // operator's act, as etcd's maintenance calls are (root only with auth on).
+        shared.require_admin(&caller)?;
+        let id = shared
+            .node
+            .rotate_fencing_key()
+            .await
+            .map_err(|e| rotate_key_status(&e))?;
+        Ok(tonic::Response::new(pb::FenceRotateKeyResponse {
+            header: Some(shared.header()),
+            key_id: id.0,
+        }))
     }
 }

@@ -304,6 +304,16 @@ pub fn member_status(err: &MemberError) -> Status {
     }
 }
 
+/// Maps a failed fencing-key rotation: served only by the leader, so a follower answers as
+/// etcd's MoveLeader does (`ErrGRPCNotLeader`), which tells a client to ask the leader
+/// rather than to wait for one; everything else is a replication failure.
+pub fn rotate_key_status(err: &ProposeError) -> Status {
+    match err {
+        ProposeError::NotLeader { .. } => Status::failed_precondition("etcdserver: not leader"),
+        other => propose_status(other),
+    }
+}
+
 /// Maps a failed leader transfer to etcd's status (`ErrGRPCNotLeader`,
 /// `ErrGRPCBadLeaderTransferee`, `ErrGRPCTimeoutLeaderTransfer`).
 pub fn transfer_status(err: &TransferError) -> Status {

@@ -26,6 +26,11 @@ pub enum Error {
     /// again; nothing is lost).
     #[error("the relay was fenced off: {0}")]
     Fenced(String),
+    /// A fencing token's signature did not verify against the configured public keys
+    /// (forged, altered, another cluster's, an unknown key id, or unsigned): refused before
+    /// anything was written or locked.
+    #[error("fencing token refused: {0}")]
+    InvalidFencingSignature(baton_fencing::VerifyError),
     /// A connection for claims could not be had (see [`crate::http::ClaimConnections`]).
     #[error("no database connection: {0}")]
     Connection(String),

@@ -52,6 +52,7 @@ enum Command {
     Elect(cli::elect::ElectArgs),
     Member(cli::member::MemberArgs),
     MoveLeader(cli::member::MoveLeaderArgs),
+    Fence(cli::fence::FenceArgs),
     Auth(cli::auth::AuthArgs),
     User(cli::auth::UserArgs),
     Role(cli::auth::RoleArgs),
@@ -86,6 +87,7 @@ fn main() -> Result<()> {
             std::process::exit(code)
         }
         Command::Member(args) => std::process::exit(runtime.block_on(cli::member::run(args))),
+        Command::Fence(args) => std::process::exit(runtime.block_on(cli::fence::run(args))),
         Command::Auth(args) => std::process::exit(runtime.block_on(cli::auth::run_auth(args))),
         Command::User(args) => std::process::exit(runtime.block_on(cli::auth::run_user(args))),
         Command::Role(args) => std::process::exit(runtime.block_on(cli::auth::run_role(args))),

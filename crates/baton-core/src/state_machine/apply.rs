@@ -153,6 +153,13 @@ impl StateMachine {
                 let (index, _) = self.last_applied.expect("set before apply_command");
                 self.apply_auth(a, index.0)
             }
+            Command::FencingKey {
+                mode,
+                public,
+                secret,
+            } => Ok(Response::FencingKey {
+                installed: self.fencing_keys.install(*mode, *public, *secret),
+            }),
             // `apply_command` unwraps the wrappers an entry may have: validation admits
             // only KV writes and fence checks inside `Deduplicated`, so this is what it
             // would answer; a second `Authorized` is refused by validation.

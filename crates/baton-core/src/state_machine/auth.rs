@@ -244,6 +244,7 @@ impl StateMachine {
             | Command::RegisterClient { .. }
             | Command::UnregisterClient { .. }
             | Command::Alarm { .. }
+            | Command::FencingKey { .. }
             | Command::Auth(_)
             | Command::Authorized { .. } => Ok(()),
         }
@@ -396,6 +397,7 @@ fn checked(cmd: &Command) -> bool {
         | Command::RegisterClient { .. }
         | Command::UnregisterClient { .. }
         | Command::Alarm { .. }
+        | Command::FencingKey { .. }
         | Command::Auth(_)
         | Command::Authorized { .. } => false,
     }

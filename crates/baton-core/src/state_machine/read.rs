@@ -21,6 +21,12 @@ pub struct HistoryBatch {
 }
 
 impl StateMachine {
+    /// The fencing-token signing keys: the current pair (what this member signs grants
+    /// with) and every public key kept.
+    pub fn fencing_keys(&self) -> &crate::fencing_keys::FencingKeys {
+        &self.fencing_keys
+    }
+
     /// The current store revision.
     pub fn revision(&self) -> Revision {
         Revision(self.revision)

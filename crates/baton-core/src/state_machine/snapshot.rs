@@ -1,6 +1,7 @@
-//! Snapshots: [`StateMachine::snapshot`] writes the whole state as format 5, and
+//! Snapshots: [`StateMachine::snapshot`] writes the whole state as format 6, and
 //! [`StateMachine::restore`] reads it back, as well as formats 1 (before locks and fences),
-//! 2 (before de-duplication sessions), 3 (before alarms) and 4 (before the auth store),
+//! 2 (before de-duplication sessions), 3 (before alarms), 4 (before the auth store) and 5
+//! (before the fencing keys),
 //! each as a state without the tables its format did not have.
 //!
 //! Every body here is persisted: bincode is positional, so the fields of each never reorder
@@ -16,6 +17,7 @@ use crate::auth::{AuthState, PermCache};
 use crate::clients::{ClientSession, ClientTable};
 use crate::command::AlarmType;
 use crate::crc32::crc32;
+use crate::fencing_keys::FencingKeys;
 use crate::locks::{FenceTable, LockRecord, LockTable, MAX_FENCE_RESOURCES, MAX_LOCKS};
 use crate::mvcc::{ChangeMap, Changed, Key, KeyMap, KeyStore, Version};
 use crate::types::{CommandIndex, FencingToken, LeaseId, Term};
@@ -32,8 +34,10 @@ pub enum SnapshotError {
 /// Snapshot format version, the first byte of every snapshot. Bump it when `SnapshotBody`
 /// changes shape; `restore` refuses versions it does not know instead of misreading them.
 /// Formats 1 (before locks and fences), 2 (before de-duplication sessions), 3 (before
-/// alarms) and 4 (before the auth store) are still read, as states without those tables.
-const SNAPSHOT_FORMAT: u8 = 5;
+/// alarms), 4 (before the auth store) and 5 (before the fencing keys) are still read, as
+/// states without those tables.
+const SNAPSHOT_FORMAT: u8 = 6;
+const SNAPSHOT_FORMAT_V5: u8 = 5;
 const SNAPSHOT_FORMAT_V4: u8 = 4;
 const SNAPSHOT_FORMAT_V3: u8 = 3;
 const SNAPSHOT_FORMAT_V2: u8 = 2;
@@ -56,6 +60,7 @@ struct SnapshotBodyRef<'a> {
     clients: &'a BTreeMap<u64, ClientSession>,
     alarms: &'a BTreeSet<(u64, AlarmType)>,
     auth: &'a AuthState,
+    fencing_keys: &'a FencingKeys,
 }
 
 /// The owned twin of `SnapshotBodyRef`; bincode is positional, so the two must list the same
@@ -76,6 +81,46 @@ struct SnapshotBody {
     clients: BTreeMap<u64, ClientSession>,
     alarms: BTreeSet<(u64, AlarmType)>,
     auth: AuthState,
+    fencing_keys: FencingKeys,
+}
+
+/// Format 5's body: `SnapshotBody` without the fencing keys.
+///
+/// Persisted: see [`crate::format`] (fields never reorder).
+#[derive(Deserialize)]
+struct SnapshotBodyV5 {
+    revision: i64,
+    compact_revision: i64,
+    last_applied: Option<(CommandIndex, Term)>,
+    last_time_ms: u64,
+    keys: BTreeMap<Key, Vec<Version>>,
+    changes: BTreeMap<i64, Changed>,
+    leases: BTreeMap<LeaseId, LeaseRecord>,
+    locks: BTreeMap<Vec<u8>, LockRecord>,
+    fences: BTreeMap<Vec<u8>, FencingToken>,
+    clients: BTreeMap<u64, ClientSession>,
+    alarms: BTreeSet<(u64, AlarmType)>,
+    auth: AuthState,
+}
+
+impl From<SnapshotBodyV5> for SnapshotBody {
+    fn from(b: SnapshotBodyV5) -> Self {
+        SnapshotBody {
+            revision: b.revision,
+            compact_revision: b.compact_revision,
+            last_applied: b.last_applied,
+            last_time_ms: b.last_time_ms,
+            keys: b.keys,
+            changes: b.changes,
+            leases: b.leases,
+            locks: b.locks,
+            fences: b.fences,
+            clients: b.clients,
+            alarms: b.alarms,
+            auth: b.auth,
+            fencing_keys: FencingKeys::default(),
+        }
+    }
 }
 
 /// Format 4's body: `SnapshotBody` without the auth store.
@@ -111,6 +156,7 @@ impl From<SnapshotBodyV4> for SnapshotBody {
             clients: b.clients,
             alarms: b.alarms,
             auth: AuthState::default(),
+            fencing_keys: FencingKeys::default(),
         }
     }
 }
@@ -147,6 +193,7 @@ impl From<SnapshotBodyV3> for SnapshotBody {
             clients: b.clients,
             alarms: BTreeSet::new(),
             auth: AuthState::default(),
+            fencing_keys: FencingKeys::default(),
         }
     }
 }
@@ -182,6 +229,7 @@ impl From<SnapshotBodyV2> for SnapshotBody {
             clients: BTreeMap::new(),
             alarms: BTreeSet::new(),
             auth: AuthState::default(),
+            fencing_keys: FencingKeys::default(),
         }
     }
 }
@@ -215,6 +263,7 @@ impl From<SnapshotBodyV1> for SnapshotBody {
             clients: BTreeMap::new(),
             alarms: BTreeSet::new(),
             auth: AuthState::default(),
+            fencing_keys: FencingKeys::default(),
         }
     }
 }
@@ -239,6 +288,7 @@ impl StateMachine {
             clients: self.clients.map(),
             alarms: &self.alarms,
             auth: &self.auth,
+            fencing_keys: &self.fencing_keys,
         };
         let payload = bincode::serialize(&body).expect("in-memory state always serializes");
         let mut out = Vec::with_capacity(payload.len() + 5);
@@ -256,6 +306,7 @@ impl StateMachine {
             .ok_or_else(|| err("empty snapshot".into()))?;
         if ![
             SNAPSHOT_FORMAT,
+            SNAPSHOT_FORMAT_V5,
             SNAPSHOT_FORMAT_V4,
             SNAPSHOT_FORMAT_V3,
             SNAPSHOT_FORMAT_V2,
@@ -285,6 +336,10 @@ impl StateMachine {
             bincode::deserialize::<SnapshotBodyV3>(payload)
                 .map_err(|e| err(e.to_string()))?
                 .into()
+        } else if format == SNAPSHOT_FORMAT_V5 {
+            bincode::deserialize::<SnapshotBodyV5>(payload)
+                .map_err(|e| err(e.to_string()))?
+                .into()
         } else if format == SNAPSHOT_FORMAT_V4 {
             bincode::deserialize::<SnapshotBodyV4>(payload)
                 .map_err(|e| err(e.to_string()))?
@@ -304,6 +359,7 @@ impl StateMachine {
             alarms: body.alarms,
             perms: PermCache::build(&body.auth),
             auth: body.auth,
+            fencing_keys: body.fencing_keys,
             revision: body.revision,
             compact_revision: body.compact_revision,
             last_applied: body.last_applied,
@@ -443,6 +499,7 @@ mod tests {
         let mut now = payload.clone();
         now.extend_from_slice(&0u64.to_le_bytes());
         now.extend_from_slice(&bincode::serialize(&AuthState::default()).unwrap());
+        now.extend_from_slice(&bincode::serialize(&FencingKeys::default()).unwrap());
         let mut expected = vec![SNAPSHOT_FORMAT];
         expected.extend_from_slice(&crc32(&now).to_le_bytes());
         expected.extend_from_slice(&now);
@@ -472,12 +529,14 @@ mod tests {
             clients: &BTreeMap::new(),
             alarms: &BTreeSet::new(),
             auth: &AuthState::default(),
+            fencing_keys: &FencingKeys::default(),
         };
         // Format 1 is format 5 without the four trailing collections and the auth store
         // (bincode is positional).
         let full = bincode::serialize(&body).expect("serialize");
         let auth_len = bincode::serialize(&AuthState::default()).unwrap().len();
-        let payload = &full[..full.len() - 32 - auth_len];
+        let keys_len = bincode::serialize(&FencingKeys::default()).unwrap().len();
+        let payload = &full[..full.len() - 32 - auth_len - keys_len];
         let mut v1 = vec![SNAPSHOT_FORMAT_V1];
         v1.extend_from_slice(&crc32(payload).to_le_bytes());
         v1.extend_from_slice(payload);
@@ -494,7 +553,8 @@ mod tests {
         assert_eq!(snap[0], SNAPSHOT_FORMAT);
         // Format 3 is format 5 without the trailing alarm set and auth store.
         let auth_len = bincode::serialize(&AuthState::default()).unwrap().len();
-        let payload = &snap[5..snap.len() - 8 - auth_len];
+        let keys_len = bincode::serialize(&FencingKeys::default()).unwrap().len();
+        let payload = &snap[5..snap.len() - 8 - auth_len - keys_len];
         let mut v3 = vec![SNAPSHOT_FORMAT_V3];
         v3.extend_from_slice(&crc32(payload).to_le_bytes());
         v3.extend_from_slice(payload);
@@ -510,12 +570,47 @@ mod tests {
         let snap = sm.snapshot();
         assert_eq!(snap[0], SNAPSHOT_FORMAT);
         let auth_len = bincode::serialize(&AuthState::default()).unwrap().len();
-        let payload = &snap[5..snap.len() - auth_len];
+        let keys_len = bincode::serialize(&FencingKeys::default()).unwrap().len();
+        let payload = &snap[5..snap.len() - auth_len - keys_len];
         let mut v4 = vec![SNAPSHOT_FORMAT_V4];
         v4.extend_from_slice(&crc32(payload).to_le_bytes());
         v4.extend_from_slice(payload);
         let restored = StateMachine::restore(&v4).expect("format 4 restores");
         assert_eq!(restored.auth_state(), &AuthState::default());
         assert_eq!(restored.snapshot(), snap);
+    }
+
+    #[test]
+    fn format_five_snapshots_restore_without_fencing_keys() {
+        let mut sm = StateMachine::new();
+        sm.apply(&entry(1, put("a", "1")));
+        let snap = sm.snapshot();
+        assert_eq!(snap[0], SNAPSHOT_FORMAT);
+        let keys_len = bincode::serialize(&FencingKeys::default()).unwrap().len();
+        let payload = &snap[5..snap.len() - keys_len];
+        let mut v5 = vec![SNAPSHOT_FORMAT_V5];
+        v5.extend_from_slice(&crc32(payload).to_le_bytes());
+        v5.extend_from_slice(payload);
+        let restored = StateMachine::restore(&v5).expect("format 5 restores");
+        assert!(restored.fencing_keys().current().is_none());
+        assert_eq!(restored.snapshot(), snap);
+    }
+
+    #[test]
+    fn fencing_keys_survive_a_snapshot() {
+        use crate::fencing_keys::{FencingKeyMode, FencingPublicKey, FencingSecret};
+        let mut sm = StateMachine::new();
+        let key = |mode, b| Command::FencingKey {
+            mode,
+            public: FencingPublicKey([b; 32]),
+            secret: FencingSecret([b + 100; 32]),
+        };
+        sm.apply(&entry(1, key(FencingKeyMode::Bootstrap, 1)));
+        sm.apply(&entry(2, key(FencingKeyMode::Rotate, 2)));
+        let restored = StateMachine::restore(&sm.snapshot()).expect("restores");
+        assert_eq!(restored.fencing_keys(), sm.fencing_keys());
+        let current = restored.fencing_keys().current().unwrap();
+        assert_eq!(current.secret, FencingSecret([102; 32]));
+        assert_eq!(restored.fencing_keys().public_keys().len(), 2);
     }
 }

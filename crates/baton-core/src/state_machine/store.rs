@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::auth::{AuthState, PermCache};
 use crate::clients::ClientTable;
 use crate::command::AlarmType;
+use crate::fencing_keys::FencingKeys;
 use crate::locks::{FenceTable, LockTable};
 use crate::mvcc::KeyStore;
 use crate::types::{CommandIndex, Event, LeaseId, Term};
@@ -48,6 +49,8 @@ pub struct StateMachine {
     pub(super) auth: AuthState,
     /// Derived from `auth` after every change of it: each user's merged permissions.
     pub(super) perms: PermCache,
+    /// The fencing-token signing keys (replicated, in snapshots from format 6).
+    pub(super) fencing_keys: FencingKeys,
     pub(super) revision: i64,
     /// 1 (the empty store) until the first compaction: nothing before it can be lost.
     pub(super) compact_revision: i64,
@@ -81,6 +84,7 @@ impl StateMachine {
             alarms: BTreeSet::new(),
             auth: AuthState::default(),
             perms: PermCache::default(),
+            fencing_keys: FencingKeys::default(),
             revision: FIRST_REVISION,
             compact_revision: FIRST_REVISION,
             last_applied: None,
@@ -126,6 +130,7 @@ impl StateMachine {
         self.locks.check_invariants(|name| self.scan_queue(name))?;
         self.fences.check_invariants()?;
         self.clients.check_invariants()?;
+        self.fencing_keys.check_invariants()?;
         Ok(())
     }
 }

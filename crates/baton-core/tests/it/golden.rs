@@ -246,6 +246,7 @@ fn command_name(c: &Command) -> &'static str {
         Command::Alarm { .. } => "alarm",
         Command::Auth(_) => "auth",
         Command::Authorized { .. } => "authorized",
+        Command::FencingKey { .. } => "fencing_key",
     }
 }
 
@@ -382,6 +383,11 @@ fn commands() -> Vec<Command> {
             },
             command: Box::new(Command::Put(put_request())),
         },
+        Command::FencingKey {
+            mode: FencingKeyMode::Rotate,
+            public: FencingPublicKey(std::array::from_fn(|i| i as u8)),
+            secret: FencingSecret(std::array::from_fn(|i| 0x80 + i as u8)),
+        },
     ]
 }
 
@@ -405,6 +411,7 @@ fn response_name(r: &Response) -> &'static str {
         Response::Error(_) => "error",
         Response::Alarm { .. } => "alarm",
         Response::Auth(_) => "auth",
+        Response::FencingKey { .. } => "fencing_key",
     }
 }
 
@@ -454,6 +461,9 @@ fn responses() -> Vec<Response> {
             token: Some("abc.42".into()),
             revision: 43,
         }),
+        Response::FencingKey {
+            installed: Some(FencingKeyId(44)),
+        },
     ]
 }
 
@@ -711,6 +721,16 @@ fn nested_enums_are_pinned() {
             PermType::ReadWrite => "read_write",
         }),
     ));
+    problems.extend(check_enum(
+        "fencing_key_mode",
+        named(
+            vec![FencingKeyMode::Bootstrap, FencingKeyMode::Rotate],
+            |m| match m {
+                FencingKeyMode::Bootstrap => "bootstrap",
+                FencingKeyMode::Rotate => "rotate",
+            },
+        ),
+    ));
     let kinds = vec![EventKind::Put, EventKind::Delete];
     problems.extend(check_enum(
         "event_kind",
@@ -901,23 +921,69 @@ fn snapshot_header(name: &str, what: &str) -> String {
     )
 }
 
-/// The snapshot body (current format, 5) of a small state, byte for byte, and that it
+/// `small_state_with_auth()` plus a bootstrap key and a rotation (two public keys, the
+/// second current).
+fn small_state_with_fencing_keys() -> StateMachine {
+    let mut sm = small_state_with_auth();
+    let key = |mode, b: u8| Command::FencingKey {
+        mode,
+        public: FencingPublicKey([b; 32]),
+        secret: FencingSecret([b + 0x40; 32]),
+    };
+    let alarm = |action| Command::Alarm {
+        action,
+        member_id: 9,
+        alarm: AlarmType::NoSpace,
+    };
+    let commands = [
+        alarm(AlarmAction::Deactivate),
+        key(FencingKeyMode::Bootstrap, 1),
+        key(FencingKeyMode::Rotate, 2),
+        alarm(AlarmAction::Activate),
+    ];
+    for (i, command) in commands.into_iter().enumerate() {
+        let index = 200 + i as u64;
+        let applied = sm.apply(&Entry {
+            index: CommandIndex(index),
+            term: Term(2),
+            time_ms: 1_000 * index,
+            command,
+        });
+        assert!(
+            !matches!(applied.response, Response::Error(_)),
+            "{:?}",
+            applied.response
+        );
+    }
+    sm
+}
+
+/// The snapshot body (current format, 6) of a small state, byte for byte, and that it
 /// restores to a state that snapshots to the same bytes. `small_state.hex` pinned format 4
-/// (before the auth store) and stays as a fixture of its read path: it restores to the same
-/// state, without users or roles.
+/// (before the auth store) and `small_state_v5.hex` format 5 (before the fencing keys); both
+/// stay as fixtures of their read paths and restore to the same states without what their
+/// formats lacked.
 #[test]
 fn snapshot_is_pinned() {
-    let sm = small_state_with_auth();
+    let sm = small_state_with_fencing_keys();
     let bytes = sm.snapshot();
     let dir = golden_dir().join("snapshot");
-    let header = snapshot_header("small_state_v5", "small_state_with_auth()");
-    let mut problems: Vec<String> = compare_file(&dir, "small_state_v5", &header, &bytes)
+    let header = snapshot_header("small_state_v6", "small_state_with_fencing_keys()");
+    let mut problems: Vec<String> = compare_file(&dir, "small_state_v6", &header, &bytes)
         .into_iter()
         .collect();
     problems.extend(orphans(
         &dir,
-        &BTreeSet::from(["small_state", "small_state_v5"]),
+        &BTreeSet::from(["small_state", "small_state_v5", "small_state_v6"]),
     ));
+    assert_eq!(bytes[0], 6);
+    assert_eq!(sm.fencing_keys().public_keys().len(), 2);
+    let v5 = std::fs::read_to_string(dir.join("small_state_v5.hex")).expect("the format 5 file");
+    let v5 = parse_golden_text(&v5).expect("parses");
+    assert_eq!(v5[0], 5, "small_state_v5.hex is format 5");
+    let old = StateMachine::restore(&v5).expect("format 5 still restores");
+    assert_eq!(old.snapshot(), small_state_with_auth().snapshot());
+    assert!(old.fencing_keys().current().is_none());
     let restored = StateMachine::restore(&bytes).expect("restores");
     assert_eq!(
         restored.snapshot(),

@@ -731,6 +731,9 @@ impl Model {
             | Command::Deduplicated { .. } => unreachable!("apply_entry handles sessions"),
             // Alarms are covered by the state machine's own unit tests.
             Command::Alarm { .. } => unreachable!("the generator proposes no alarms"),
+            Command::FencingKey { .. } => {
+                unreachable!("the generator proposes no fencing keys (unit-tested in the core)")
+            }
             Command::Auth(_) | Command::Authorized { .. } => {
                 unreachable!("the generator proposes no auth commands (unit-tested in the core)")
             }
@@ -1284,6 +1287,7 @@ fn outcome(a: &Applied) -> String {
     match &a.response {
         Response::Error(e) => format!("error {e:?}"),
         Response::Auth(_) => "auth".into(),
+        Response::FencingKey { .. } => "fencing key".into(),
         Response::Txn(t) if nested(t) && !a.events.is_empty() => "txn nested write".into(),
         Response::Txn(t) if !a.events.is_empty() => format!("txn write succeeded={}", t.succeeded),
         Response::Txn(_) => "txn no write".into(),

@@ -542,3 +542,70 @@ async fn a_data_directory_from_before_clusters_is_refused_with_a_clear_message()
         Ok(_) => panic!("a data directory from before clusters was opened"),
     }
 }
+
+/// Waits until the leader's bootstrap duty has installed a fencing key.
+async fn fencing_keys(node: &Node) -> baton_core::FencingKeys {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let keys = node.read(|sm| sm.fencing_keys().clone());
+        if keys.current().is_some() {
+            return keys;
+        }
+        assert!(Instant::now() < deadline, "no bootstrap fencing key");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The leader makes the cluster's fencing key at bootstrap; a rotation makes a new current
+/// one and keeps the old public key; nobody can propose a key of their choice; the keys
+/// survive a restart from the log and one from a snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fencing_keys_bootstrap_rotate_and_survive_restarts() {
+    use baton_core::{FencingKeyId, FencingKeyMode, FencingPublicKey, FencingSecret};
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cfg = config(tmp.path());
+    cfg.snapshot_every_entries = 50;
+    let node = Node::start(cfg.clone()).await.unwrap();
+    let first = fencing_keys(&node).await;
+    assert_eq!(first.current().unwrap().id, FencingKeyId(1));
+    // The public key is the seed's: what baton-fencing derives from the replicated secret.
+    let c = first.current().unwrap();
+    let derived = baton_fencing::SigningKey::from_seed(baton_fencing::KeyId::new(1), &c.secret.0)
+        .public_key();
+    assert_eq!(derived.as_bytes(), &c.public.0);
+
+    let forged = Command::FencingKey {
+        mode: FencingKeyMode::Rotate,
+        public: FencingPublicKey([1; 32]),
+        secret: FencingSecret([2; 32]),
+    };
+    assert!(matches!(
+        node.propose(forged).await,
+        Err(baton_raft::ProposeError::LeaderOnly(
+            baton_raft::LeaderDuty::FencingKey
+        ))
+    ));
+    assert_eq!(node.read(|sm| sm.fencing_keys().clone()), first);
+
+    assert_eq!(node.rotate_fencing_key().await.unwrap(), FencingKeyId(2));
+    let rotated = node.read(|sm| sm.fencing_keys().clone());
+    assert_eq!(rotated.public_keys().len(), 2);
+    assert_eq!(rotated.public_keys()[&FencingKeyId(1)], c.public);
+    assert_ne!(rotated.current().unwrap().secret, c.secret);
+    node.shutdown().await;
+
+    // Log replay.
+    let node = Node::start(cfg.clone()).await.unwrap();
+    assert_eq!(node.read(|sm| sm.fencing_keys().clone()), rotated);
+    // Past a snapshot: enough entries that the log before them is gone.
+    for i in 0..120 {
+        node.propose(put(&format!("k{}", i % 5), b"v"))
+            .await
+            .unwrap();
+    }
+    node.shutdown().await;
+    let node = Node::start(cfg).await.unwrap();
+    assert_eq!(node.read(|sm| sm.fencing_keys().clone()), rotated);
+    assert!(fs::read_dir(tmp.path().join("snap")).unwrap().count() >= 1);
+    node.shutdown().await;
+}

@@ -34,6 +34,7 @@
 
 use std::future::Future;
 
+use baton_fencing::{Grant, KeyId, PublicKeys, Signature};
 use tokio_postgres::{Client, Transaction};
 
 use crate::pg::Schema;
@@ -69,10 +70,18 @@ impl Fence for NoFence {
 /// A relay's fencing token for one partition, checked and raised in PostgreSQL (table
 /// `<schema>.relay_fence`, created by [`Schema::migrate`]). See the module docs for why the
 /// check is part of the mark-sent transaction.
+///
+/// **Signed tokens** (issue 16): with the cluster's public keys configured
+/// ([`PgFence::with_public_keys`]), the fence accepts only a token whose grant signature
+/// verifies ([`PgFence::with_signature`]); a forged or altered token — say a huge one meant
+/// to lock every honest holder out — is refused with [`Error::InvalidFencingSignature`]
+/// before any statement runs, so it never raises the fence row.
 #[derive(Clone, Debug)]
 pub struct PgFence {
     partition: String,
     token: i64,
+    keys: Option<PublicKeys>,
+    grant: Option<FenceGrant>,
     check: String,
     highest: String,
     refused: String,
@@ -86,6 +95,8 @@ impl PgFence {
         PgFence {
             partition: partition.into(),
             token,
+            keys: None,
+            grant: None,
             check: schema.sql(
                 "INSERT INTO {s}.relay_fence AS f (partition, token) VALUES ($1, $2)
                  ON CONFLICT (partition) DO UPDATE SET token = $2, raised_at = now()
@@ -96,6 +107,39 @@ impl PgFence {
             refused: schema
                 .sql("UPDATE {s}.relay_fence SET refusals = refusals + 1 WHERE partition = $1"),
         }
+    }
+
+    /// Only validly signed tokens pass from now on (see the type's docs).
+    pub fn with_public_keys(mut self, keys: PublicKeys) -> PgFence {
+        self.keys = Some(keys);
+        self
+    }
+
+    /// The grant this fence's token came with (a `baton.v1.Lock` grant: `baton_client`'s
+    /// `Guard::signed_token`, or `baton lock`'s `BATON_FENCING_*` variables).
+    pub fn with_signature(mut self, grant: FenceGrant) -> PgFence {
+        self.grant = Some(grant);
+        self
+    }
+
+    /// `Ok` unless public keys are configured and this token's signature does not verify.
+    fn verify(&self) -> Result<(), Error> {
+        let Some(keys) = &self.keys else {
+            return Ok(());
+        };
+        let Some(g) = &self.grant else {
+            return Err(Error::InvalidFencingSignature(
+                baton_fencing::VerifyError::Unsigned,
+            ));
+        };
+        let grant = Grant {
+            name: &g.name,
+            token: self.token,
+            lease: g.lease,
+            revision: g.revision,
+        };
+        keys.verify(&grant, g.key_id, &g.signature)
+            .map_err(Error::InvalidFencingSignature)
     }
 
     /// The partition name.
@@ -141,6 +185,21 @@ impl PgFence {
     }
 }
 
+/// What a lock grant's signature covers besides the token (see `baton_fencing`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FenceGrant {
+    /// The lock's name.
+    pub name: Vec<u8>,
+    /// The holder's lease id.
+    pub lease: i64,
+    /// The store revision of the grant.
+    pub revision: i64,
+    /// The signing key's id.
+    pub key_id: KeyId,
+    /// The cluster's signature.
+    pub signature: Signature,
+}
+
 /// How long a progress transaction may sit idle before PostgreSQL ends it. The fence row
 /// stays locked until the transaction ends, so a relay paused *inside* its mark-sent
 /// transaction would otherwise block the next leader's writes for as long as it stays
@@ -149,6 +208,8 @@ const IDLE_IN_TRANSACTION_TIMEOUT: &str = "10s";
 
 impl Fence for PgFence {
     async fn check<'a>(&'a self, tx: &'a Transaction<'_>) -> Result<(), Error> {
+        // Before any statement: a forged token must not even take the row lock.
+        self.verify()?;
         tx.batch_execute(&format!(
             "SET LOCAL idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION_TIMEOUT}'"
         ))

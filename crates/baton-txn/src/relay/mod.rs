@@ -34,5 +34,5 @@ pub mod nats;
 mod publisher;
 
 pub use engine::{Relay, RelayConfig, RoundReport};
-pub use fence::{Fence, NoFence, PgFence};
+pub use fence::{Fence, FenceGrant, NoFence, PgFence};
 pub use publisher::{PublishError, Publisher, AGGREGATE_HEADER};

@@ -2,6 +2,9 @@
 //! real PostgreSQL and NATS JetStream (`scripts/services`):
 //!
 //! - the fence itself: an older token's mark-sent transaction is refused and rolled back;
+//! - signed tokens: with the cluster's public keys configured, a forged (huge, altered,
+//!   another cluster's, unknown key) token is refused before any statement and the fence
+//!   row stays the honest holder's; without them the same forgery locks the holder out;
 //! - two in-process instances over two partitions drain an outbox, each partition once;
 //! - two relay *processes*, the active one SIGKILLed mid-batch: the other takes over after
 //!   the lease, republishes what was not marked (JetStream drops the duplicates), loses
@@ -26,7 +29,7 @@ use baton_client::{ClientConfig, SessionOptions};
 use baton_txn::pg::{Message, Outbox, OutboxMessage, Schema};
 use baton_txn::relay::ha::{HaConfig, HaEvent, HaRelay};
 use baton_txn::relay::nats::JetStreamPublisher;
-use baton_txn::relay::{Fence, PgFence, PublishError, Publisher, RelayConfig};
+use baton_txn::relay::{Fence, FenceGrant, PgFence, PublishError, Publisher, RelayConfig};
 use baton_txn::Error;
 
 const CHILD_ENV: &str = "BATON_TXN_HA_CHILD";
@@ -100,6 +103,129 @@ async fn an_older_token_is_refused_in_the_mark_sent_transaction() {
         .raise(&mut client)
         .await
         .unwrap();
+}
+
+/// Waits for the cluster's bootstrap fencing key and returns the public keys.
+async fn public_keys(client: &baton_client::Client) -> baton_client::PublicKeys {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let keys = client.fence_public_keys().await.unwrap();
+        if keys.current.is_some() {
+            return keys.keys;
+        }
+        assert!(Instant::now() < deadline, "no fencing key");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn fence_grant(t: &baton_client::SignedToken) -> FenceGrant {
+    FenceGrant {
+        name: t.name.clone(),
+        lease: t.lease,
+        revision: t.revision,
+        key_id: t.key_id,
+        signature: t.signature.expect("a signed grant"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_token_is_refused_when_the_fence_verifies_signatures() {
+    let server = TestServer::start(Flavor::Baton);
+    let schema = fresh_schema("t_relay_signed_fence").await;
+    let mut client = connect().await;
+    let baton = baton(&server.endpoint()).await;
+    let keys = public_keys(&baton).await;
+    let session = baton_client::Session::new(&baton, SessionOptions::new())
+        .await
+        .unwrap();
+    let guard = baton_client::Mutex::new(&session)
+        .acquire("relay/p0")
+        .await
+        .unwrap();
+    let signed = guard.signed_token().unwrap().clone();
+    assert_eq!(signed.verify(&keys), Ok(()));
+    let token = signed.token.get();
+    let honest = PgFence::new(&schema, "p/0", token)
+        .with_public_keys(keys.clone())
+        .with_signature(fence_grant(&signed));
+    honest.raise(&mut client).await.unwrap();
+
+    // A third party presents a much higher token with the honest holder's signature, an
+    // altered signature, a key id the cluster never had, another cluster's signature, or
+    // none: every one is refused before any statement, and the row stays the holder's.
+    let huge = token + 1_000_000;
+    let mut flipped = fence_grant(&signed);
+    let mut sig = *flipped.signature.as_bytes();
+    sig[7] ^= 0x20;
+    flipped.signature = baton_client::Signature::from_bytes(sig);
+    let other_cluster = baton_fencing::SigningKey::from_seed(signed.key_id, &[9; 32]);
+    let foreign = FenceGrant {
+        signature: other_cluster.sign(&baton_fencing::Grant {
+            name: &signed.name,
+            token: huge,
+            lease: signed.lease,
+            revision: signed.revision,
+        }),
+        ..fence_grant(&signed)
+    };
+    let unknown_key = FenceGrant {
+        key_id: baton_client::KeyId::new(99),
+        ..fence_grant(&signed)
+    };
+    let forged = [
+        (huge, Some(fence_grant(&signed)), "bad"),
+        (token, Some(flipped), "bad"),
+        (huge, Some(foreign), "bad"),
+        (token, Some(unknown_key), "unknown"),
+        (huge, None, "unsigned"),
+    ];
+    for (t, grant, why) in forged {
+        let mut fence = PgFence::new(&schema, "p/0", t).with_public_keys(keys.clone());
+        if let Some(g) = grant {
+            fence = fence.with_signature(g);
+        }
+        let refused = fence.raise(&mut client).await;
+        let expected = match why {
+            "bad" => matches!(
+                refused,
+                Err(Error::InvalidFencingSignature(
+                    baton_client::VerifyError::BadSignature(_)
+                ))
+            ),
+            "unknown" => matches!(
+                refused,
+                Err(Error::InvalidFencingSignature(
+                    baton_client::VerifyError::UnknownKey(_)
+                ))
+            ),
+            _ => matches!(
+                refused,
+                Err(Error::InvalidFencingSignature(
+                    baton_client::VerifyError::Unsigned
+                ))
+            ),
+        };
+        assert!(expected, "token {t} ({why}): {refused:?}");
+        assert_eq!(
+            PgFence::read(&schema, &client, "p/0").await.unwrap(),
+            Some((token, 0)),
+            "the forged token changed nothing"
+        );
+    }
+    // The honest holder writes on.
+    honest.raise(&mut client).await.unwrap();
+
+    // Without public keys the same forgery is taken at its word: the row jumps to the huge
+    // token and the honest holder is fenced off its own partition.
+    PgFence::new(&schema, "p/0", huge)
+        .raise(&mut client)
+        .await
+        .unwrap();
+    assert!(matches!(
+        PgFence::new(&schema, "p/0", token).raise(&mut client).await,
+        Err(Error::Fenced(_))
+    ));
+    guard.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

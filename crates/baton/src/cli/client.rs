@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, bail, Result};
 use baton_client::{Client, ClientConfig};
 use clap::Args;
 
@@ -139,6 +139,48 @@ pub fn parse_lease(text: &str) -> Result<i64, String> {
         .unwrap_or(t);
     i64::from_str_radix(digits, 16)
         .map_err(|_| format!("'{text}' is not a lease id (hex, as `baton lease grant` prints it)"))
+}
+
+/// A client of the leader among `args`' endpoints, and the leader's member id: for the calls
+/// only the leader serves (MoveLeader, fencing-key rotation). Asks every endpoint for its
+/// status, so the leader's endpoint must be among them.
+pub async fn connect_leader(args: &ClientArgs) -> Result<(Client, u64)> {
+    let mut errors = Vec::new();
+    for ep in &args.endpoints {
+        let ep = ep.trim();
+        if ep.is_empty() {
+            continue;
+        }
+        let config = args
+            .config(vec![ep.to_string()])
+            .with_request_timeout(args.timeout)
+            .with_connect_timeout(args.timeout.min(Duration::from_secs(3)));
+        let client = match Client::connect(config).await {
+            Ok(c) => c,
+            Err(e) => {
+                errors.push(format!("{ep}: {e}"));
+                continue;
+            }
+        };
+        match client.status().await {
+            Ok(s) => {
+                let me = s.header.map_or(0, |h| h.member_id);
+                if s.leader != 0 && s.leader == me {
+                    return Ok((client, me));
+                }
+            }
+            Err(e) => errors.push(format!("{ep}: {e}")),
+        }
+    }
+    bail!(
+        "no leader among the endpoints {:?}{}",
+        args.endpoints,
+        if errors.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", errors.join("; "))
+        }
+    )
 }
 
 #[cfg(test)]

@@ -32,7 +32,11 @@ use super::signals::Signals;
                   BATON_LOCK_KEY (this holder's key), BATON_FENCING_TOKEN (a number that grows \
                   with every new holder: pass it to whatever you write to, so late writes of \
                   an old holder can be refused), BATON_LOCK_NAME, BATON_LEASE_ID and \
-                  BATON_ENDPOINTS.\n\n\
+                  BATON_ENDPOINTS; and the token's signature by the cluster's key: \
+                  BATON_FENCING_SIGNATURE (128 hex digits), BATON_FENCING_KEY_ID, \
+                  BATON_FENCING_REVISION and BATON_FENCING_LEASE (decimal), over the lock name, \
+                  token, lease and revision (see `baton fence`), so a resource can refuse \
+                  forged tokens.\n\n\
                   The lock lives as long as a lease that `baton lock` keeps alive. If the lease \
                   is lost (this process was paused or cut off for longer than --ttl, or an \
                   operator released the lock), CMD is stopped: SIGTERM to its process group, \
@@ -176,12 +180,35 @@ async fn run_inner(args: LockArgs) -> Result<i32> {
         return Ok(0);
     }
 
+    let signed = guard.signed_token();
     let env = [
         ("BATON_LOCK_NAME", name.clone()),
         ("BATON_LOCK_KEY", key.clone()),
         ("BATON_FENCING_TOKEN", token.to_string()),
         ("BATON_LEASE_ID", hex(session.lease())),
         ("BATON_ENDPOINTS", args.endpoints.endpoints.join(",")),
+        // What the signature covers, in the forms a verifier reads: the signature and key
+        // id, the lease in decimal (BATON_LEASE_ID is etcd's hex) and the grant revision.
+        // Empty against a server that signs nothing (etcd).
+        (
+            "BATON_FENCING_SIGNATURE",
+            signed
+                .and_then(|s| s.signature.as_ref())
+                .map(|s| s.to_hex())
+                .unwrap_or_default(),
+        ),
+        (
+            "BATON_FENCING_KEY_ID",
+            signed.map(|s| s.key_id.to_string()).unwrap_or_default(),
+        ),
+        (
+            "BATON_FENCING_LEASE",
+            signed.map(|s| s.lease.to_string()).unwrap_or_default(),
+        ),
+        (
+            "BATON_FENCING_REVISION",
+            signed.map(|s| s.revision.to_string()).unwrap_or_default(),
+        ),
     ];
     let mut child = match Child::spawn(&args.command, &env) {
         Ok(c) => c,

@@ -7,12 +7,12 @@
 //! asks each endpoint for its status and sends the request to the one that leads, since
 //! only the leader accepts it.
 
-use anyhow::{anyhow, bail, Result};
-use baton_client::{Client, Member};
+use anyhow::{anyhow, Result};
+use baton_client::Member;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
-use super::client::{connect, describe, finish, ClientArgs};
+use super::client::{connect, connect_leader, describe, finish, ClientArgs};
 use super::output::{emit, hex_u64, Format, Table};
 
 #[derive(Args, Debug)]
@@ -274,47 +274,7 @@ async fn run_inner(args: MemberArgs) -> Result<i32> {
 async fn move_leader(args: MoveLeaderArgs) -> Result<i32> {
     let format = args.client.output;
     // Only the leader accepts MoveLeader: find it among the endpoints.
-    let mut leader = None;
-    let mut errors = Vec::new();
-    for ep in &args.client.endpoints {
-        let ep = ep.trim();
-        if ep.is_empty() {
-            continue;
-        }
-        let config = args
-            .client
-            .config(vec![ep.to_string()])
-            .with_request_timeout(args.client.timeout)
-            .with_connect_timeout(args.client.timeout.min(std::time::Duration::from_secs(3)));
-        let client = match Client::connect(config).await {
-            Ok(c) => c,
-            Err(e) => {
-                errors.push(format!("{ep}: {e}"));
-                continue;
-            }
-        };
-        match client.status().await {
-            Ok(s) => {
-                let me = s.header.map_or(0, |h| h.member_id);
-                if s.leader != 0 && s.leader == me {
-                    leader = Some((client, me));
-                    break;
-                }
-            }
-            Err(e) => errors.push(format!("{ep}: {e}")),
-        }
-    }
-    let Some((client, from)) = leader else {
-        bail!(
-            "no leader among the endpoints {:?}{}",
-            args.client.endpoints,
-            if errors.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", errors.join("; "))
-            }
-        );
-    };
+    let (client, from) = connect_leader(&args.client).await?;
     client.move_leader(args.target).await.map_err(describe)?;
     emit(&match format {
         Format::Table => format!(

@@ -29,6 +29,7 @@ pub mod child;
 pub mod client;
 pub mod elect;
 pub mod exit;
+pub mod fence;
 pub mod kv;
 pub mod lease;
 pub mod lock;

@@ -7,6 +7,13 @@
 //! for the resource and refuses lower ones — and refuses the request if the gate does. That
 //! is what a resource that cannot compare tokens itself would do (docs/locks.md); a
 //! database would instead write `… WHERE fence <= $token`.
+//!
+//! A token alone is a number anyone can make up: a third client that writes with a huge
+//! one raises the gate's highest token and locks every honest holder out. So the store can
+//! also verify signed tokens (issue 16): `baton lock` exports the grant's signature
+//! (`BATON_FENCING_SIGNATURE`, `BATON_FENCING_KEY_ID`, `BATON_FENCING_LEASE`,
+//! `BATON_FENCING_REVISION`), the store checks it against the cluster's public keys from
+//! `baton fence public-key` and refuses a forgery before it asks the gate.
 
 use crate::common;
 
@@ -17,7 +24,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::common::{baton_cmd, descendants, kill, Baton, Proc};
+use baton_client::{KeyId, PublicKeys, Signature, SignedToken};
 use baton_proto::baton::v1::{fence_client::FenceClient, FenceCheckRequest};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use tonic::transport::Channel;
 
 const T: Duration = Duration::from_secs(20);
@@ -29,14 +38,46 @@ struct Op {
     write: bool,
     token: i64,
     value: i64,
-    /// `None` if accepted, else the highest token the gate had seen.
+    /// `None` if accepted, else the highest token the gate had seen (`-1`: refused by the
+    /// signature check, before the gate was asked).
     rejected: Option<i64>,
+}
+
+/// Why the store refused a request.
+#[derive(Debug, Clone, PartialEq)]
+enum Refusal {
+    /// The gate has seen this higher token.
+    Gate(i64),
+    /// The token's signature does not verify (the gate was not asked).
+    Forged(String),
+}
+
+impl Refusal {
+    fn highest(&self) -> i64 {
+        match self {
+            Refusal::Gate(h) => *h,
+            Refusal::Forged(_) => -1,
+        }
+    }
+}
+
+/// What a request carries besides the token: the grant's signature and what it covers.
+#[derive(Debug, Clone, Default)]
+struct Proof {
+    signature: String,
+    key_id: String,
+    lease: String,
+    revision: String,
 }
 
 /// A resource outside Baton holding one integer.
 struct Store {
     resource: Vec<u8>,
     fence: Option<FenceClient<Channel>>,
+    /// The cluster's public keys: when set, only validly signed tokens reach the gate.
+    keys: Option<PublicKeys>,
+    /// Calls made to Baton's fence gate.
+    gate_calls: AtomicUsize,
     value: tokio::sync::Mutex<i64>,
     started: Instant,
     timeline: Mutex<Vec<String>>,
@@ -49,6 +90,8 @@ impl Store {
         Store {
             resource: resource.as_bytes().to_vec(),
             fence,
+            keys: None,
+            gate_calls: AtomicUsize::new(0),
             value: tokio::sync::Mutex::new(initial),
             started: Instant::now(),
             timeline: Mutex::new(Vec::new()),
@@ -70,11 +113,41 @@ impl Store {
         self.timeline.lock().unwrap().join("\n")
     }
 
-    /// The fence gate's verdict on `token`: `Err(highest seen)` if refused.
-    async fn check(&self, token: i64) -> Result<(), i64> {
+    /// With public keys: `Ok` iff `proof` is the cluster's signature of this token for the
+    /// lock named like the resource. Checked by the store itself, before the gate.
+    fn verify(&self, token: i64, proof: &Proof) -> Result<(), Refusal> {
+        let Some(keys) = &self.keys else {
+            return Ok(());
+        };
+        let forged = |why: String| Refusal::Forged(why);
+        let signed = SignedToken {
+            name: self.resource.clone(),
+            token: baton_client::FencingToken::new(token),
+            lease: proof.lease.parse().map_err(|_| forged("no lease".into()))?,
+            revision: proof
+                .revision
+                .parse()
+                .map_err(|_| forged("no revision".into()))?,
+            key_id: KeyId::new(
+                proof
+                    .key_id
+                    .parse()
+                    .map_err(|_| forged("no key id".into()))?,
+            ),
+            signature: Signature::from_hex(&proof.signature).ok(),
+        };
+        signed
+            .verify(keys)
+            .map_err(|e| forged(e.to_string().replace(' ', "_")))
+    }
+
+    /// The verdict on `token`: the signature (if the store verifies them), then the gate's.
+    async fn check(&self, token: i64, proof: &Proof) -> Result<(), Refusal> {
+        self.verify(token, proof)?;
         let Some(fence) = &self.fence else {
             return Ok(());
         };
+        self.gate_calls.fetch_add(1, Ordering::SeqCst);
         let resp = fence
             .clone()
             .check(FenceCheckRequest {
@@ -87,17 +160,22 @@ impl Store {
         if resp.accepted {
             Ok(())
         } else {
-            Err(resp.highest_token)
+            Err(Refusal::Gate(resp.highest_token))
         }
     }
 
     /// Reads the value. With a token the read also registers it at the gate, so an older
     /// holder's late write is refused even before this holder writes (the seed's third
     /// condition).
-    async fn read(&self, who: &str, token: Option<i64>, log: bool) -> Result<i64, i64> {
+    async fn read(
+        &self,
+        who: &str,
+        token: Option<(i64, &Proof)>,
+        log: bool,
+    ) -> Result<i64, Refusal> {
         let value = self.value.lock().await;
-        if let Some(token) = token {
-            self.check(token).await?;
+        if let Some((token, proof)) = token {
+            self.check(token, proof).await?;
         }
         if log {
             self.note(format!("{who} reads stock={}", *value));
@@ -107,25 +185,35 @@ impl Store {
 
     /// Writes `new` if the gate accepts `token`. The store's lock is held across the check
     /// and the write, so no other write can slip in between them.
-    async fn write(&self, who: &str, token: i64, new: i64, log: bool) -> Result<(), i64> {
+    async fn write(
+        &self,
+        who: &str,
+        token: i64,
+        proof: &Proof,
+        new: i64,
+        log: bool,
+    ) -> Result<(), Refusal> {
         let mut value = self.value.lock().await;
-        let verdict = self.check(token).await;
+        let verdict = self.check(token, proof).await;
         if verdict.is_ok() {
             *value = new;
         }
         if log {
-            self.note(match verdict {
+            self.note(match &verdict {
                 Ok(()) => format!("{who} writes stock={new} with token {token} -> ok"),
-                Err(h) => {
+                Err(Refusal::Gate(h)) => {
                     format!("{who} writes stock={new} with token {token} -> REJECTED (seen {h})")
                 }
+                Err(Refusal::Forged(why)) => format!(
+                    "{who} writes stock={new} with token {token} -> FORGED ({why}; gate not asked)"
+                ),
             });
             self.ops.lock().unwrap().push(Op {
                 who: who.to_string(),
                 write: true,
                 token,
                 value: new,
-                rejected: verdict.err(),
+                rejected: verdict.as_ref().err().map(Refusal::highest),
             });
         }
         verdict
@@ -139,9 +227,10 @@ impl Store {
 
     /// One request line of the store's text protocol; returns the reply line.
     ///
-    /// `LOG who text…` → `OK`; `READ who token` → value or `REJECTED highest`;
-    /// `WRITE who token value` → `OK` or `REJECTED highest`; `WAIT who` → `GO` once the
-    /// test opens `who`'s gate.
+    /// `LOG who text…` → `OK`; `READ who token [proof]` → value or `REJECTED highest`;
+    /// `WRITE who token value [proof]` → `OK` or `REJECTED highest`; `WAIT who` → `GO` once
+    /// the test opens `who`'s gate. `proof` is `signature key_id lease revision` (a
+    /// refused signature answers `FORGED why`).
     async fn handle(&self, line: &str) -> String {
         let words: Vec<&str> = line.split_whitespace().collect();
         let num = |i: usize| -> i64 {
@@ -150,18 +239,31 @@ impl Store {
                 .and_then(|w| w.parse().ok())
                 .unwrap_or_else(|| panic!("bad request {line:?}"))
         };
+        let proof = |from: usize| {
+            let w = |i: usize| words.get(from + i).map_or(String::new(), |s| s.to_string());
+            Proof {
+                signature: w(0),
+                key_id: w(1),
+                lease: w(2),
+                revision: w(3),
+            }
+        };
+        let reply = |r: Refusal| match r {
+            Refusal::Gate(h) => format!("REJECTED {h}"),
+            Refusal::Forged(why) => format!("FORGED {why}"),
+        };
         match words.first().copied() {
             Some("LOG") => {
                 self.note(words[1..].join(" "));
                 "OK".into()
             }
-            Some("READ") => match self.read(words[1], Some(num(2)), true).await {
+            Some("READ") => match self.read(words[1], Some((num(2), &proof(3))), true).await {
                 Ok(v) => v.to_string(),
-                Err(h) => format!("REJECTED {h}"),
+                Err(r) => reply(r),
             },
-            Some("WRITE") => match self.write(words[1], num(2), num(3), true).await {
+            Some("WRITE") => match self.write(words[1], num(2), &proof(4), num(3), true).await {
                 Ok(()) => "OK".into(),
-                Err(h) => format!("REJECTED {h}"),
+                Err(r) => reply(r),
             },
             Some("WAIT") => {
                 let who = words[1].to_string();
@@ -220,11 +322,12 @@ req() {
   exec 3>&-
 }
 req LOG "$WHO" "gets lock, token $BATON_FENCING_TOKEN"
-req READ "$WHO" "$BATON_FENCING_TOKEN"
-case $REPLY in REJECTED*) exit 3;; esac
+proof="$BATON_FENCING_SIGNATURE $BATON_FENCING_KEY_ID $BATON_FENCING_LEASE $BATON_FENCING_REVISION"
+req READ "$WHO" "$BATON_FENCING_TOKEN" $proof
+case $REPLY in REJECTED*|FORGED*) exit 3;; esac
 stock=$REPLY
 [ "${PAUSE:-0}" = 1 ] && req WAIT "$WHO"
-req WRITE "$WHO" "$BATON_FENCING_TOKEN" $((stock - SELL))
+req WRITE "$WHO" "$BATON_FENCING_TOKEN" $((stock - SELL)) $proof
 [ "$REPLY" = OK ] || exit 3
 "#;
 
@@ -242,8 +345,28 @@ fn client(b: &Baton, lock: &str, port: u16, who: &str, sell: i64, pause: bool) -
     cmd
 }
 
+/// How the store guards itself, and whether a third client forges a token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// No fence at all.
+    Unfenced,
+    /// The fence gate on bare tokens.
+    Fenced,
+    /// The fence gate on bare tokens, and a third client writes with a huge made-up token.
+    ForgerUnsigned,
+    /// The store verifies signed tokens before the gate, and the same forger writes.
+    ForgerSigned,
+}
+
+/// The forger's made-up token: far above any real one.
+const FORGED_BOOST: i64 = 1_000_000;
+
 struct Run {
     final_stock: i64,
+    /// The store's answer to the forger's write and the gate calls made for it.
+    forger: Option<(String, usize)>,
+    /// The exit status of A's second attempt, if it made one.
+    a_again: Option<i32>,
     timeline: String,
     ops: Vec<Op>,
     tokens: BTreeMap<String, Vec<i64>>,
@@ -253,19 +376,26 @@ struct Run {
 
 /// The seed's scenario: stock 10; A sells 1, B sells 2; A pauses past its lease after
 /// reading. Returns what happened.
-fn run_scenario(b: &Baton, fencing: bool) -> Run {
+fn run_scenario(b: &Baton, mode: Mode) -> Run {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
         .unwrap();
-    let (lock, resource) = if fencing {
-        ("stock", "stock")
-    } else {
-        ("stock-unfenced", "stock-unfenced")
+    let name = match mode {
+        Mode::Unfenced => "stock-unfenced",
+        Mode::Fenced => "stock",
+        Mode::ForgerUnsigned => "stock-forger-unsigned",
+        Mode::ForgerSigned => "stock-forger-signed",
     };
-    let fence = fencing.then(|| FenceClient::new(rt.block_on(common::channel(&b.endpoint()))));
-    let store = Arc::new(Store::new(10, resource, fence));
+    let (lock, resource) = (name, name);
+    let fence = (mode != Mode::Unfenced)
+        .then(|| FenceClient::new(rt.block_on(common::channel(&b.endpoint()))));
+    let mut store = Store::new(10, resource, fence);
+    if mode == Mode::ForgerSigned {
+        store.keys = Some(public_keys(b));
+    }
+    let store = Arc::new(store);
     let port = serve(store.clone(), &rt);
     let wait_for = |needle: &str| {
         let deadline = Instant::now() + T;
@@ -300,6 +430,30 @@ fn run_scenario(b: &Baton, fencing: bool) -> Run {
     assert_eq!(bp.wait_exit(T), 0, "B\n{}\n{}", bp.said(), store.timeline());
     store.note("B releases");
 
+    // A third client C, which never held the lock, writes stock=0 with a token far above
+    // B's and a made-up signature of key 1.
+    let forger = matches!(mode, Mode::ForgerUnsigned | Mode::ForgerSigned).then(|| {
+        let token_b: i64 = store
+            .timeline()
+            .lines()
+            .find_map(|l| {
+                l.split_once("B gets lock, token ")
+                    .map(|(_, t)| t.to_string())
+            })
+            .expect("B's token")
+            .parse()
+            .unwrap();
+        let before = store.gate_calls.load(Ordering::SeqCst);
+        let line = format!(
+            "WRITE C {} 0 {} 1 7 {}",
+            token_b + FORGED_BOOST,
+            "00".repeat(64),
+            token_b
+        );
+        let reply = rt.block_on(store.handle(&line));
+        (reply, store.gate_calls.load(Ordering::SeqCst) - before)
+    });
+
     // A resumes where it stopped: its write goes out with its old token.
     store.open_gate("A");
     for &p in a_pids.iter().rev() {
@@ -329,15 +483,15 @@ fn run_scenario(b: &Baton, fencing: bool) -> Run {
         .unwrap()
         .iter()
         .any(|op| op.who == "A" && op.rejected.is_some());
+    let mut a_again = None;
     if a_rejected {
         let mut again = Proc::spawn("A again", client(b, lock, port, "A", 1, false));
-        assert_eq!(
-            again.wait_exit(T),
-            0,
-            "{}\n{}",
-            again.said(),
-            store.timeline()
-        );
+        let code = again.wait_exit(T);
+        // With a forged token at the gate every honest holder is refused from now on.
+        if mode != Mode::ForgerUnsigned {
+            assert_eq!(code, 0, "{}\n{}", again.said(), store.timeline());
+        }
+        a_again = Some(code);
     }
 
     let final_stock = rt.block_on(async { *store.value.lock().await });
@@ -357,6 +511,8 @@ fn run_scenario(b: &Baton, fencing: bool) -> Run {
     let ops = store.ops.lock().unwrap().clone();
     Run {
         final_stock,
+        forger,
+        a_again,
         timeline,
         ops,
         tokens,
@@ -369,12 +525,12 @@ fn seed_scenario_paused_holder_is_fenced_off_and_unfenced_loses_an_update() {
     let dir = tempfile::tempdir().unwrap();
     let b = Baton::start(&dir.path().join("b"));
 
-    let unfenced = run_scenario(&b, false);
+    let unfenced = run_scenario(&b, Mode::Unfenced);
     eprintln!(
         "NO fencing\n{}\nfinal stock={} (correct: 10 - 1 - 2 = 7)\n",
         unfenced.timeline, unfenced.final_stock
     );
-    let fenced = run_scenario(&b, true);
+    let fenced = run_scenario(&b, Mode::Fenced);
     eprintln!(
         "WITH fencing\n{}\nfinal stock={} (correct: 10 - 1 - 2 = 7)\n",
         fenced.timeline, fenced.final_stock
@@ -432,6 +588,89 @@ fn seed_scenario_paused_holder_is_fenced_off_and_unfenced_loses_an_update() {
     );
 }
 
+/// The cluster's public keys as `baton fence public-key` prints them (waiting for the
+/// leader's bootstrap key).
+fn public_keys(b: &Baton) -> PublicKeys {
+    let deadline = Instant::now() + T;
+    loop {
+        let out = baton_cmd()
+            .args(["fence", "public-key", "--endpoints", &b.endpoint()])
+            .output()
+            .unwrap();
+        if out.status.success() {
+            let text = String::from_utf8(out.stdout).unwrap();
+            return PublicKeys::parse(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "baton fence public-key: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The seed's scenario with a third client C that never holds the lock and writes stock=0
+/// with a token far above every real one (and a made-up signature). Against the gate on
+/// bare tokens the forgery is accepted: C's write lands and every honest holder is refused
+/// from then on (A cannot redo its sale: the stock ends wrong). A store that verifies
+/// signed tokens refuses C before it asks Baton's gate, and the stock ends at 7.
+#[test]
+fn seed_scenario_with_a_forged_token_signed_tokens_keep_stock_7_bare_tokens_break() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Baton::start(&dir.path().join("b"));
+
+    let unsigned = run_scenario(&b, Mode::ForgerUnsigned);
+    eprintln!(
+        "FORGER, bare tokens\n{}\nfinal stock={} (correct: 7)\n",
+        unsigned.timeline, unsigned.final_stock
+    );
+    let signed = run_scenario(&b, Mode::ForgerSigned);
+    eprintln!(
+        "FORGER, signed tokens\n{}\nfinal stock={} (correct: 7)\n",
+        signed.timeline, signed.final_stock
+    );
+
+    // Bare tokens: the gate took C's made-up token; A's late write and its retry are both
+    // refused (C's token is the highest forever), and C's 0 stands.
+    let (reply, gate_calls) = unsigned.forger.clone().unwrap();
+    assert_eq!(
+        (reply.as_str(), gate_calls),
+        ("OK", 1),
+        "{}",
+        unsigned.timeline
+    );
+    assert_eq!(unsigned.a_again, Some(3), "{}", unsigned.timeline);
+    assert_eq!(unsigned.final_stock, 0, "{}", unsigned.timeline);
+    assert_ne!(unsigned.final_stock, 7);
+
+    // Signed tokens: C is refused by the signature check, without a call to the gate; A's
+    // stale write is refused by the gate, A redoes its sale with a new signed token.
+    let (reply, gate_calls) = signed.forger.clone().unwrap();
+    assert!(reply.starts_with("FORGED"), "{reply}\n{}", signed.timeline);
+    assert_eq!(gate_calls, 0, "the forged token reached Baton");
+    assert!(
+        signed.timeline.contains("C writes stock=0") && signed.timeline.contains("FORGED"),
+        "{}",
+        signed.timeline
+    );
+    assert_eq!(signed.a_again, Some(0), "{}", signed.timeline);
+    assert_eq!(signed.final_stock, 7, "{}", signed.timeline);
+    let a_writes: Vec<&Op> = signed
+        .ops
+        .iter()
+        .filter(|o| o.who == "A" && o.write)
+        .collect();
+    assert_eq!(a_writes.len(), 2, "{}", signed.timeline);
+    assert_eq!((a_writes[1].value, a_writes[1].rejected), (7, None));
+    // Every honest write carried a valid signature: none was refused as forged.
+    assert!(signed
+        .ops
+        .iter()
+        .filter(|o| o.who != "C")
+        .all(|o| o.rejected != Some(-1)));
+}
+
 /// 20 clients, each with its own connection and lease, 200 critical sections each on one
 /// lock. Each critical section reads the counter and writes it + 1 through the fence; a
 /// second holder at any moment would lose increments or be refused.
@@ -479,7 +718,7 @@ async fn mutual_exclusion_20_clients_200_sections_each() {
                 acquire_time += enter - asked;
                 let v = store.read("", None, false).await.unwrap();
                 if store
-                    .write("", held.fencing_token, v + 1, false)
+                    .write("", held.fencing_token, &Proof::default(), v + 1, false)
                     .await
                     .is_err()
                 {

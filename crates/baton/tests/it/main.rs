@@ -18,6 +18,7 @@ mod etcd_parity;
 mod etcdctl;
 mod etcdctl_locks;
 mod exactly_once;
+mod fence_keys;
 mod fencing;
 mod lease_safety;
 mod leases_failover;
