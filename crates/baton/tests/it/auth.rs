@@ -14,9 +14,7 @@ use pb::watch_client::WatchClient;
 use tonic::transport::Channel;
 use tonic::{Code, Request};
 
-use crate::common::{self, Baton};
-
-const FIXTURES: &str = "/usr/share/gocode/src/go.etcd.io/etcd/integration/fixtures";
+use crate::common::{self, Baton, FIXTURES};
 
 fn with_token<T>(msg: T, token: &str) -> Request<T> {
     let mut r = Request::new(msg);

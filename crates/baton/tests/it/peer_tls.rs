@@ -4,25 +4,12 @@
 //! any peer method, even knowing the cluster token, the cluster id and the member ids; the
 //! cluster keeps serving, and each refused handshake is counted.
 
-use std::path::Path;
 use std::time::Duration;
 
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::common::peer::{self, LeaderRequest, Method};
-use crate::common::{self, etcdctl, Cluster};
-
-const FIXTURES: &str = "/usr/share/gocode/src/go.etcd.io/etcd/integration/fixtures";
-
-fn fixture(name: &str) -> String {
-    let path = Path::new(FIXTURES).join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: install Debian's golang-etcd-server-dev (scripts/install-deps does)",
-        path.display()
-    );
-    path.to_string_lossy().into_owned()
-}
+use crate::common::{self, etcdctl, fixture, Cluster};
 
 fn read(name: &str) -> Vec<u8> {
     std::fs::read(fixture(name)).unwrap()

@@ -3,21 +3,7 @@
 //! `scripts/install-deps` installs): `https://` URLs, `--client-cert-auth` with a trusted CA,
 //! a revocation list, `http` and `https` on one port, `--auto-tls`, and the refusals.
 
-use std::path::Path;
-
-use crate::common::{baton_cmd, etcdctl, Baton, Out};
-
-const FIXTURES: &str = "/usr/share/gocode/src/go.etcd.io/etcd/integration/fixtures";
-
-fn fixture(name: &str) -> String {
-    let path = Path::new(FIXTURES).join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: install Debian's golang-etcd-server-dev (scripts/install-deps does)",
-        path.display()
-    );
-    path.to_string_lossy().into_owned()
-}
+use crate::common::{baton_cmd, etcdctl, fixture, Baton, Out};
 
 fn server_cert_args() -> Vec<String> {
     vec![

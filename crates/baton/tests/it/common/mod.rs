@@ -1016,3 +1016,19 @@ pub mod peer {
         }
     }
 }
+
+/// etcd's test certificates (`integration/fixtures` of Debian's golang-etcd-server-dev,
+/// which `scripts/install-deps` installs).
+pub const FIXTURES: &str = "/usr/share/gocode/src/go.etcd.io/etcd/integration/fixtures";
+
+/// The path of one of etcd's test certificates; a missing one fails the test, saying how
+/// to install them.
+pub fn fixture(name: &str) -> String {
+    let path = Path::new(FIXTURES).join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: install Debian's golang-etcd-server-dev (scripts/install-deps does)",
+        path.display()
+    );
+    path.to_string_lossy().into_owned()
+}
