@@ -12,6 +12,7 @@
 //! them).
 
 mod access;
+mod anchor_leaf;
 pub mod auth;
 pub mod auth_service;
 pub mod baton_v1;
