@@ -110,7 +110,7 @@ fn summary(v: &View) -> Markup {
             (card("Term", s.term.map(|t| t.to_string()), "sum-term", false))
             (card("Healthy", Some(format!("{}/{}", s.healthy, s.members)), "sum-healthy", unhealthy))
             (card("Revision", s.revision.map(|r| r.to_string()), "sum-revision", false))
-            (card("Locks", s.locks.map(|n| n.to_string()), "sum-locks", false))
+            (card("Locks & elections", s.locks.map(|n| n.to_string()), "sum-locks", false))
             (card("Leases", s.leases.map(|n| n.to_string()), "sum-leases", false))
             (card("Stuck", s.stuck.map(|n| n.to_string()), "sum-stuck", s.stuck.unwrap_or(0) > 0))
         }
@@ -135,26 +135,26 @@ fn members(rows: &[MemberRow]) -> Markup {
         div.scroll {
             table.members {
                 thead { tr {
-                    th { "Name" } th { "ID" } th { "Role" } th { "Health" } th.num { "Term" }
-                    th.num { "Raft index" } th.num { "Applied" } th.num { "Revision" }
-                    th.num { "DB size" } th.num { "Watchers" } th { "Client URLs" }
+                    th { "Name" } th.wide { "ID" } th { "Role" } th { "Health" } th.num { "Term" }
+                    th.num { "Raft index" } th.num.wide { "Applied" } th.num { "Revision" }
+                    th.num.wide { "DB size" } th.num { "Watchers" } th.wide { "Client URLs" }
                 } }
                 tbody {
                     @for m in rows {
                         tr data-member=(m.name) data-role=(m.role.name()) {
                             td { b { (m.name) } }
-                            td.mono { (m.id) }
+                            td.mono.wide { (m.id) }
                             td { span.role.leader[m.role == Role::Leader] { (m.role.name()) } }
                             td { (health(&m.health)) }
                             td.num { (opt(m.term)) }
                             td.num { (opt(m.index)) }
-                            td.num { (opt(m.applied)) }
+                            td.num.wide { (opt(m.applied)) }
                             td.num { (opt(m.revision)) }
-                            td.num { (opt(m.db_size.clone())) }
+                            td.num.wide { (opt(m.db_size.clone())) }
                             td.num data-watchers=(opt(m.watchers)) {
                                 (opt(m.watchers))
                             }
-                            td.mono.small { (m.client_urls) }
+                            td.mono.small.wide { (m.client_urls) }
                         }
                     }
                 }
@@ -232,7 +232,7 @@ fn election(e: &ElectionRow) -> Markup {
             td.mono data-leader-key=(e.leader.key) { (e.leader.key) }
             td.mono { (e.value) }
             td.num { (e.leader.token) }
-            td.mono { (e.leader.lease) }
+            td.mono.wide { (e.leader.lease) }
             td.num { (e.leader.ttl) }
             td.num { (e.queue.count) }
         }
@@ -262,7 +262,7 @@ fn locks(l: &LocksView) -> Markup {
                     table {
                         thead { tr {
                             th { "Election" } th { "Leader key" } th { "Value" } th.num { "Token" }
-                            th { "Lease" } th.num { "TTL left" } th.num { "Candidates waiting" }
+                            th.wide { "Lease" } th.num { "TTL left" } th.num { "Candidates waiting" }
                         } }
                         tbody { @for e in &l.elections { (election(e)) } }
                     }
@@ -280,14 +280,14 @@ fn leases(l: &LeasesView) -> Markup {
             div.scroll {
                 table {
                     thead { tr {
-                        th { "Lease" } th.num { "TTL left" } th.num { "Granted" } th { "Keys" }
+                        th { "Lease" } th.num { "TTL left" } th.num.wide { "Granted" } th { "Keys" }
                     } }
                     tbody {
                         @for r in &l.rows {
                             tr data-lease=(r.id) {
                                 td.mono { (r.id) }
                                 td.num { (r.ttl) }
-                                td.num { (r.granted) }
+                                td.num.wide { (r.granted) }
                                 td {
                                     @if r.keys.is_empty() { span.muted { "none" } }
                                     @for k in &r.keys { span.mono.chip { (k) } " " }
@@ -326,21 +326,21 @@ fn txns(t: &TxnsView) -> Markup {
                 div.scroll {
                     table.txns {
                         thead { tr {
-                            th { "Kind" } th { "Namespace" } th { "ID" } th { "State" }
-                            th { "Where" } th.num { "Attempts" } th { "Last error" } th.num { "Age" }
+                            th { "Kind" } th.wide { "Namespace" } th { "ID" } th { "State" }
+                            th { "Where" } th.num.wide { "Attempts" } th { "Last error" } th.num { "Age" }
                         } }
                         tbody {
                             @for r in &t.rows {
                                 tr.stuck[r.stuck] data-txn=(r.id) data-state=(r.state) {
                                     td { (r.kind.name()) }
-                                    td.mono { (r.namespace) }
+                                    td.mono.wide { (r.namespace) }
                                     td.mono.small { (r.id) }
                                     td {
                                         span.badge.bad[r.stuck] { (r.state) }
                                         @if r.stuck && r.state != "stuck" { " " span.badge.bad { "needs attention" } }
                                     }
-                                    td { (r.detail) }
-                                    td.num { (opt(r.attempts)) }
+                                    td.wrap { (r.detail) }
+                                    td.num.wide { (opt(r.attempts)) }
                                     td.small { (r.last_error) }
                                     td.num { (r.age) }
                                 }

@@ -314,10 +314,14 @@ fn cluster_leader(members: &[MemberReading]) -> Option<u64> {
     votes.into_iter().max_by_key(|(_, n)| *n).map(|(id, _)| id)
 }
 
+/// The members by name (the member list's own order is by id, which means nothing to a
+/// reader).
 fn member_rows(members: &[MemberReading]) -> Vec<MemberRow> {
     let leader = cluster_leader(members);
-    members
-        .iter()
+    let mut sorted: Vec<&MemberReading> = members.iter().collect();
+    sorted.sort_by(|a, b| (&a.name, a.id).cmp(&(&b.name, b.id)));
+    sorted
+        .into_iter()
         .map(|m| {
             let status = m.status.as_ref().ok();
             let health = match &m.status {
@@ -873,9 +877,9 @@ mod tests {
     fn the_leader_is_the_one_named_at_the_highest_term_and_health_says_why() {
         let mut s = snapshot();
         s.members = Ok(vec![
+            member(2, "m2", Ok(status(2, 4))),
             // Behind: still names the old leader.
             member(1, "m1", Ok(status(1, 3))),
-            member(2, "m2", Ok(status(2, 4))),
             member(3, "m3", Ok(status(2, 4))),
             member(4, "m4", Err("no connection within 1s".into())),
             member(5, "m5", Ok(status(0, 4))),
@@ -890,6 +894,8 @@ mod tests {
         ]);
         let v = build(&s, NOW);
         let rows = v.members.unwrap();
+        let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["m1", "m2", "m3", "m4", "m5", "m6"]);
         let roles: Vec<Role> = rows.iter().map(|r| r.role).collect();
         assert_eq!(roles[1], Role::Leader);
         assert!(roles.iter().filter(|r| **r == Role::Leader).count() == 1);
