@@ -44,6 +44,9 @@ pub const REFRESH: Duration = Duration::from_secs(1);
 /// Pages updated live at once per member (server-sent event streams); past it, a new page
 /// gets 503 and its script retries later.
 pub const MAX_LIVE_PAGES: usize = 16;
+/// Whole pages rendered at once per member (each reads the cluster once, as one refresh
+/// of a live page does); past it, 503.
+pub const MAX_RENDERS_AT_ONCE: usize = 8;
 /// Logins checked at once per member: each is a bcrypt comparison on the server (tens of
 /// milliseconds of CPU), so a flood of them through the dashboard waits its turn.
 pub const MAX_LOGINS_AT_ONCE: usize = 2;

@@ -35,6 +35,8 @@ const CONCURRENT_CALLS: usize = 4;
 /// Sagas and 2PC transactions take many reads per namespace and change slowly: read them
 /// every this often, and show the last reading in between.
 const TXN_REFRESH: Duration = Duration::from_secs(5);
+/// Watcher counts cost an HTTP connection to every member: as often as sagas.
+const WATCHERS_REFRESH: Duration = TXN_REFRESH;
 
 /// The visitor's token was refused (expired, or the auth store changed): they must log in
 /// again, and nothing read with it is shown.
@@ -51,6 +53,8 @@ pub struct Reader {
     members: Mutex<HashMap<(u64, String), Client>>,
     /// The last reading of sagas and 2PC, and when it was taken.
     txns: Mutex<Option<(Instant, Reading<TxnListing>)>>,
+    /// The last watcher count read from each member, and when.
+    watchers: Mutex<HashMap<u64, (Instant, Option<u64>)>>,
 }
 
 /// What a section's reading failed with: the server's words.
@@ -114,6 +118,7 @@ impl Reader {
             main,
             members: Mutex::new(HashMap::new()),
             txns: Mutex::new(None),
+            watchers: Mutex::new(HashMap::new()),
         })
     }
 
@@ -146,16 +151,10 @@ impl Reader {
             .map(|h| h.member_id);
         let readings = list.members.iter().take(MAX_MEMBERS).map(|m| async move {
             let url = m.client_ur_ls.first().cloned();
-            let (status, watchers) =
-                tokio::join!(self.member_status(m.id, url.as_deref()), async {
-                    let urls =
-                        if Some(m.id) == own_member && !self.config.own_metrics_urls.is_empty() {
-                            self.config.own_metrics_urls.clone()
-                        } else {
-                            m.client_ur_ls.clone()
-                        };
-                    scrape::watchers(&urls, self.config.tls.as_ref()).await
-                });
+            let (status, watchers) = tokio::join!(
+                self.member_status(m.id, url.as_deref()),
+                self.watchers(m.id, Some(m.id) == own_member, &m.client_ur_ls)
+            );
             Ok::<_, Error>(MemberReading {
                 id: m.id,
                 name: m.name.clone(),
@@ -166,6 +165,24 @@ impl Reader {
             })
         });
         futures::future::try_join_all(readings).await
+    }
+
+    /// A member's watcher count, read again once the last reading is [`WATCHERS_REFRESH`]
+    /// old: this member's from its metrics listeners, the others' from their client URLs.
+    async fn watchers(&self, id: u64, own: bool, client_urls: &[String]) -> Option<u64> {
+        if let Some((at, n)) = self.watchers.lock().await.get(&id) {
+            if at.elapsed() < WATCHERS_REFRESH {
+                return *n;
+            }
+        }
+        let urls = if own && !self.config.own_metrics_urls.is_empty() {
+            &self.config.own_metrics_urls[..]
+        } else {
+            client_urls
+        };
+        let n = scrape::watchers(urls, self.config.tls.as_ref()).await;
+        self.watchers.lock().await.insert(id, (Instant::now(), n));
+        n
     }
 
     /// One member's own `Status`, over its client URL. Only a refused token is an error of

@@ -26,7 +26,9 @@ use axum::routing::get;
 use axum::{Form, Router};
 use tokio::sync::Semaphore;
 
-use super::config::{DashboardConfig, MAX_LIVE_PAGES, MAX_LOGINS_AT_ONCE, REFRESH};
+use super::config::{
+    DashboardConfig, MAX_LIVE_PAGES, MAX_LOGINS_AT_ONCE, MAX_RENDERS_AT_ONCE, REFRESH,
+};
 use super::gather::{Reader, TokenRefused};
 use super::render::{self, CSS_PATH, JS_PATH};
 use super::session::{self, LoginForm, Session};
@@ -40,6 +42,8 @@ struct Dashboard {
     live_pages: Arc<Semaphore>,
     /// Permits for logins being checked.
     logins: Semaphore,
+    /// Permits for whole pages being rendered (each reads the cluster once).
+    renders: Semaphore,
 }
 
 type Shared = Arc<Dashboard>;
@@ -54,6 +58,7 @@ pub fn router(config: DashboardConfig) -> Router {
         config,
         live_pages: Arc::new(Semaphore::new(MAX_LIVE_PAGES)),
         logins: Semaphore::new(MAX_LOGINS_AT_ONCE),
+        renders: Semaphore::new(MAX_RENDERS_AT_ONCE),
     });
     Router::new()
         .route("/ui", get(index))
@@ -108,19 +113,39 @@ fn with_cookies(mut response: Response, cookies: Vec<HeaderValue>) -> Response {
     response
 }
 
-/// Who the visitor reads as: `Ok(None)` with auth off (anonymous, as any client), their
-/// token with auth on, and `Err` (log in first) when they have none.
-fn credentials(d: &Dashboard, headers: &HeaderMap) -> Result<(Option<String>, Option<String>), ()> {
-    if !(d.config.auth_enabled)() {
-        return Ok((None, None));
+/// Who a visitor reads the cluster as.
+enum Visitor {
+    /// Auth is off: anonymous, as any client.
+    Anyone,
+    /// Auth is on and the visitor has a session: their token (and name, for the page).
+    User { token: String, name: String },
+    /// Auth is on and the visitor has no session: nothing is read for them.
+    NeedsLogin,
+}
+
+impl Visitor {
+    fn of(d: &Dashboard, headers: &HeaderMap) -> Visitor {
+        if !(d.config.auth_enabled)() {
+            return Visitor::Anyone;
+        }
+        let session = Session::from_headers(headers);
+        match session.token {
+            Some(token) => Visitor::User {
+                token,
+                name: session.user.unwrap_or_else(|| "?".into()),
+            },
+            None => Visitor::NeedsLogin,
+        }
     }
-    let session = Session::from_headers(headers);
-    match session.token {
-        Some(token) => Ok((
-            Some(token),
-            Some(session.user.unwrap_or_else(|| "?".into())),
-        )),
-        None => Err(()),
+
+    /// The token and name to read as (`None`, `None` for anyone); `None` for a visitor who
+    /// must log in first.
+    fn credentials(self) -> Option<(Option<String>, Option<String>)> {
+        match self {
+            Visitor::Anyone => Some((None, None)),
+            Visitor::User { token, name } => Some((Some(token), Some(name))),
+            Visitor::NeedsLogin => None,
+        }
     }
 }
 
@@ -141,7 +166,14 @@ fn unavailable(error: &baton_client::Error) -> Response {
 }
 
 async fn index(State(d): State<Shared>, headers: HeaderMap) -> Response {
-    let Ok((token, user)) = credentials(&d, &headers) else {
+    let Ok(_permit) = d.renders.try_acquire() else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many dashboard pages being rendered on this member; try again in a moment",
+        )
+            .into_response();
+    };
+    let Some((token, user)) = Visitor::of(&d, &headers).credentials() else {
         return redirect("/ui/login");
     };
     let reader = match Reader::connect(&d.config, token, user).await {
@@ -157,7 +189,7 @@ async fn index(State(d): State<Shared>, headers: HeaderMap) -> Response {
 /// The live part of the page as server-sent events: `view` with the HTML to put in place,
 /// whenever it changed; `expired` (and the end of the stream) when the session is over.
 async fn events(State(d): State<Shared>, headers: HeaderMap) -> Response {
-    let Ok((token, user)) = credentials(&d, &headers) else {
+    let Some((token, user)) = Visitor::of(&d, &headers).credentials() else {
         return (StatusCode::UNAUTHORIZED, "log in at /ui/login").into_response();
     };
     let Ok(permit) = d.live_pages.clone().try_acquire_owned() else {

@@ -384,3 +384,38 @@ async fn with_auth_on_the_dashboard_shows_nothing_before_a_login() {
     Script::start("auth.mjs", &url, &expect).finish().await;
     drop((holder, b));
 }
+
+/// With TLS on the client port, the dashboard reads the cluster with the member's own TLS
+/// settings (here `--auto-tls`: a self-signed certificate nothing can verify, as etcd's
+/// members treat each other's): the page shows the member healthy and the lock held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_reads_a_tls_client_port_with_the_members_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Baton::start_on(
+        &dir.path().join("b"),
+        "https://127.0.0.1:{port}",
+        &["--auto-tls"],
+    );
+    let mut tls = baton_client::TlsConfig::new();
+    tls.insecure_skip_verify = true;
+    let client =
+        Client::connect(ClientConfig::new([format!("https://{}", b.endpoint())]).with_tls(tls))
+            .await
+            .unwrap();
+    let s = session(&client).await;
+    let holder = Mutex::new(&s).acquire("tls/lock").await.unwrap();
+    let port = b.metrics_port;
+    let (code, body) = tokio::task::spawn_blocking(move || common::http_get(port, "/ui"))
+        .await
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body.contains(r#"data-role="leader""#) && body.contains(">healthy<"),
+        "{body}"
+    );
+    assert!(
+        body.contains(&format!(r#"data-holder-key="{}""#, text(holder.key()))),
+        "{body}"
+    );
+    drop((holder, b));
+}
