@@ -24,6 +24,7 @@ use baton_client::{
 };
 use baton_txn::saga::{SagaDef, SagaLog, SagaRecord, SagaStatus, StepCtx};
 use baton_txn::twopc::{BatonDecisionLog, BranchId, DecisionLog, Gid, Intent, IntentBranch, TxId};
+use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
@@ -268,6 +269,17 @@ async fn the_dashboard_shows_a_contended_lock_and_follows_a_release_in_a_browser
         .campaign(&candidate, "reporter-1 (10.0.0.7)")
         .await
         .unwrap();
+    // The watch is on the member whose page is viewed; its two events show it registered.
+    let viewed = &cluster.members[0];
+    let on_viewed = Client::connect(ClientConfig::new([viewed.endpoint()]))
+        .await
+        .unwrap();
+    // From the current revision on, so the events come whenever the watch is registered.
+    let from = on_viewed.status().await.unwrap().header.unwrap().revision + 1;
+    let mut watch = on_viewed.watch(
+        "service/",
+        WatchOptions::new().with_prefix().with_start_revision(from),
+    );
     let lease = client
         .lease_grant(Duration::from_secs(300))
         .await
@@ -279,12 +291,14 @@ async fn the_dashboard_shows_a_contended_lock_and_follows_a_release_in_a_browser
             .await
             .unwrap();
     }
+    for _ in 0..2 {
+        tokio::time::timeout(Duration::from_secs(10), watch.next())
+            .await
+            .expect("the watch sees the lease's keys")
+            .unwrap()
+            .unwrap();
+    }
     let (running_saga, stuck) = sagas_and_2pc(&client).await;
-    let viewed = &cluster.members[0];
-    let on_viewed = Client::connect(ClientConfig::new([viewed.endpoint()]))
-        .await
-        .unwrap();
-    let _watch = on_viewed.watch("service/", WatchOptions::new().with_prefix());
 
     let expect = json!({
         "members": cluster.names,
@@ -329,7 +343,7 @@ async fn the_dashboard_shows_a_contended_lock_and_follows_a_release_in_a_browser
         let len = std::fs::metadata(artifacts().join(shot)).unwrap().len();
         assert!(len > 10_000, "{shot}: {len} bytes");
     }
-    drop((next, waiting, leadership, cluster));
+    drop((next, waiting, leadership, watch, cluster));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
