@@ -37,6 +37,9 @@ const CONCURRENT_CALLS: usize = 4;
 const TXN_REFRESH: Duration = Duration::from_secs(5);
 /// Watcher counts cost an HTTP connection to every member: as often as sagas.
 const WATCHERS_REFRESH: Duration = TXN_REFRESH;
+/// etcd's `LeaseLeases` has no limit: with 100k leases each answer is ~1 MB for the member
+/// to build. The list is read this often; the TTLs of the leases shown, every refresh.
+const LEASE_LIST_REFRESH: Duration = TXN_REFRESH;
 
 /// The visitor's token was refused (expired, or the auth store changed): they must log in
 /// again, and nothing read with it is shown.
@@ -55,6 +58,8 @@ pub struct Reader {
     txns: Mutex<Option<(Instant, Reading<TxnListing>)>>,
     /// The last watcher count read from each member, and when.
     watchers: Mutex<HashMap<u64, (Instant, Option<u64>)>>,
+    /// From the last lease listing: when, how many leases, and the first ids shown.
+    lease_ids: Mutex<Option<(Instant, usize, Vec<i64>)>>,
 }
 
 /// What a section's reading failed with: the server's words.
@@ -119,6 +124,7 @@ impl Reader {
             members: Mutex::new(HashMap::new()),
             txns: Mutex::new(None),
             watchers: Mutex::new(HashMap::new()),
+            lease_ids: Mutex::new(None),
         })
     }
 
@@ -286,10 +292,7 @@ impl Reader {
     }
 
     async fn leases(&self) -> Result<LeaseListing, Error> {
-        let mut ids = self.main.lease_list().await?;
-        ids.sort_unstable();
-        let total = ids.len();
-        ids.truncate(MAX_LEASES);
+        let (total, ids) = self.lease_ids().await?;
         let leases = futures::stream::iter(ids)
             .map(|id| async move {
                 let r = self.main.lease_time_to_live_with_keys(id).await?;
@@ -305,6 +308,23 @@ impl Reader {
             .try_collect()
             .await?;
         Ok(LeaseListing { total, leases })
+    }
+
+    /// How many leases there are and the first [`MAX_LEASES`] ids (smallest first), listed
+    /// again once the last listing is [`LEASE_LIST_REFRESH`] old.
+    async fn lease_ids(&self) -> Result<(usize, Vec<i64>), Error> {
+        let mut last = self.lease_ids.lock().await;
+        if let Some((at, total, ids)) = last.as_ref() {
+            if at.elapsed() < LEASE_LIST_REFRESH {
+                return Ok((*total, ids.clone()));
+            }
+        }
+        let mut ids = self.main.lease_list().await?;
+        ids.sort_unstable();
+        let total = ids.len();
+        ids.truncate(MAX_LEASES);
+        *last = Some((Instant::now(), total, ids.clone()));
+        Ok((total, ids))
     }
 
     /// The last reading of sagas and 2PC if it is recent, else a new one.
