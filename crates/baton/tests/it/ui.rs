@@ -433,3 +433,54 @@ async fn the_dashboard_reads_a_tls_client_port_with_the_members_settings() {
     );
     drop((holder, b));
 }
+
+/// One page lists a bounded number of locks, waiters and leases and counts the rest: 55
+/// locks (one with 12 waiters) and 133 leases show as 50 locks, 10 waiters and 50 leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_lists_a_bounded_number_and_counts_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Baton::start(&dir.path().join("b"));
+    let client = Client::connect(ClientConfig::new([b.endpoint()]))
+        .await
+        .unwrap();
+    let owner = session(&client).await;
+    let mut guards = Vec::new();
+    for i in 0..55 {
+        let name = if i == 0 {
+            "a-contended".to_string()
+        } else {
+            format!("lock-{i:02}")
+        };
+        guards.push(Mutex::new(&owner).acquire(name).await.unwrap());
+    }
+    let mut waiting = Vec::new();
+    for i in 0..12u64 {
+        let s = session(&client).await;
+        waiting.push(tokio::spawn(async move {
+            Mutex::new(&s).acquire("a-contended").await.unwrap()
+        }));
+        wait_waiters(&client, "a-contended", i + 1).await;
+    }
+    for _ in 0..120 {
+        client.lease_grant(Duration::from_secs(300)).await.unwrap();
+    }
+    let port = b.metrics_port;
+    let (code, body) = tokio::task::spawn_blocking(move || common::http_get(port, "/ui"))
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+    assert_eq!(body.matches(r#"<article class="lock""#).count(), 50);
+    assert!(
+        body.contains("5 more locks and elections not shown (55 in the registry)"),
+        "{body}"
+    );
+    assert_eq!(body.matches("data-waiter-key=").count(), 10);
+    assert!(body.contains("and 2 more"), "{body}");
+    assert_eq!(body.matches("data-lease=").count(), 50);
+    // 120 leases, the owner's session and the 12 waiters'.
+    assert!(
+        body.contains("83 more leases not shown (133 in all)"),
+        "{body}"
+    );
+    drop((guards, waiting, b));
+}
