@@ -484,3 +484,52 @@ async fn the_page_lists_a_bounded_number_and_counts_the_rest() {
     );
     drop((guards, waiting, b));
 }
+
+/// `GET /ui/events` on `port`: the status code, and the connection (an event stream stays
+/// open while it is held).
+fn open_stream(port: u16) -> (u16, std::net::TcpStream) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        s,
+        "GET /ui/events HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n"
+    )
+    .unwrap();
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).unwrap();
+    let code = std::str::from_utf8(&head[9..12]).unwrap().parse().unwrap();
+    (code, s)
+}
+
+/// A member serves at most 16 live pages at once; the next is refused with 503 until one
+/// closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_pages_are_bounded_per_member() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Baton::start(&dir.path().join("b"));
+    let port = b.metrics_port;
+    tokio::task::spawn_blocking(move || {
+        let mut open = Vec::new();
+        for i in 0..16 {
+            let (code, s) = open_stream(port);
+            assert_eq!(code, 200, "stream {i}");
+            open.push(s);
+        }
+        assert_eq!(open_stream(port).0, 503);
+        drop(open.pop());
+        // The server notices the closed stream at its next write (a refresh or keep-alive).
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let (code, s) = open_stream(port);
+            if code == 200 {
+                open.push(s);
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "no slot came free");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    })
+    .await
+    .unwrap();
+    drop(b);
+}
