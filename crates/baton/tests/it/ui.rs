@@ -9,6 +9,9 @@
 //!   token and the shorter queue without a reload.
 //! - Auth on: the anonymous visitor gets the login page and nothing else; root logs in and
 //!   sees the lock; a user without the root role is refused the lock registry.
+//! - Without a browser: a TLS client port read with the member's own settings; one page
+//!   lists a bounded number of locks, waiters and leases and counts the rest; at most 16
+//!   live pages per member.
 //!
 //! Until the client port serves HTTP, the page is read through each member's
 //! `--listen-metrics-urls` listener (every test member has one). Screenshots go to
