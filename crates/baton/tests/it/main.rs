@@ -27,3 +27,4 @@ mod membership;
 mod peer_tls;
 mod steady_state;
 mod tls;
+mod ui;
