@@ -14,6 +14,7 @@
 mod access;
 pub mod auth;
 pub mod auth_service;
+pub mod authority;
 pub mod baton_v1;
 pub mod cluster;
 pub mod conn;
