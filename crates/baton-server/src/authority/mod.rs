@@ -221,7 +221,7 @@ impl Following {
                 break;
             }
         }
-        self.held.clear();
+        clear(&mut self.held);
         self.held_at = 0;
         Held::Progress
     }
@@ -249,7 +249,7 @@ impl Following {
         buf.put_slice(&self.ready[self.ready_at..self.ready_at + n]);
         self.ready_at += n;
         if self.ready_at == self.ready.len() {
-            self.ready.clear();
+            clear(&mut self.ready);
             self.ready_at = 0;
         }
         true
@@ -263,9 +263,21 @@ impl Following {
             let n = self.held.len() - self.held_at;
             self.release_held(n);
         }
-        self.held.clear();
+        clear(&mut self.held);
         self.held_at = 0;
         self.abandoned = true;
+    }
+}
+
+/// Capacity an emptied buffer keeps: a few header blocks' worth; what one large block grew
+/// it to is given back.
+const KEPT_CAPACITY: usize = 16 * 1024;
+
+fn clear(buf: &mut Vec<u8>) {
+    if buf.capacity() > KEPT_CAPACITY {
+        *buf = Vec::new();
+    } else {
+        buf.clear();
     }
 }
 
