@@ -776,11 +776,20 @@ impl Rng {
     }
 }
 
+/// Rounds of [`random_and_mutated_input_never_panics`]: 3,000 by default, more with
+/// `BATON_AUTHORITY_FUZZ_ROUNDS` (a longer search outside CI).
+fn fuzz_rounds() -> u64 {
+    std::env::var("BATON_AUTHORITY_FUZZ_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3000)
+}
+
 #[test]
 fn random_and_mutated_input_never_panics() {
     let (good, _) = rewriting_connection(300, 100);
     let mut rng = Rng(0x5eed_1234_abcd_0001);
-    for round in 0..3000 {
+    for round in 0..fuzz_rounds() {
         let mut c = if round % 3 == 0 {
             let mut c = opening();
             for _ in 0..rng.below(6) {
