@@ -73,7 +73,8 @@ impl Blocks {
         self.codec.get_mut().input.extend_from_slice(raw);
         let mut cx = Context::from_waker(Waker::noop());
         let polled = Pin::new(&mut self.codec).poll_next(&mut cx);
-        // The codec takes whole blocks only; anything it left would desynchronise the next.
+        // Fed one whole block, the codec reads all of it; a byte it left in the pipe would be
+        // taken as the start of the next block, so such a block is not trusted.
         let leftover = !self.codec.get_ref().input.is_empty();
         self.codec.get_mut().input.clear();
         let mut decoded = match polled {
