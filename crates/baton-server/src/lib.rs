@@ -15,6 +15,7 @@ mod access;
 mod anchor_leaf;
 pub mod auth;
 pub mod auth_service;
+pub mod authority;
 pub mod baton_v1;
 pub mod cluster;
 pub mod conn;

@@ -41,6 +41,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tonic::transport::server::Connected;
 
+use crate::authority::{AuthorityRewrite, Limits};
 use crate::conn::{self, ClientConnectInfo, ClientIo, Dialer, Security};
 
 /// HTTP/2 connection-level receive window (and so, through h2's automatic budget of half of
@@ -52,6 +53,15 @@ pub const STREAM_WINDOW_BYTES: u32 = 4 << 20;
 /// The largest header block accepted: tokens and metadata are a few KiB; hyper's default of
 /// 16 MiB per request would let one stream hold that much before any limit applies.
 pub const MAX_HEADER_LIST_BYTES: u32 = 1 << 20;
+/// The largest frame payload the server accepts (SETTINGS_MAX_FRAME_SIZE): HTTP/2's initial
+/// value, set explicitly because the `:authority` adaptor must refuse exactly the frames h2
+/// refuses ([`AUTHORITY_LIMITS`]).
+pub const MAX_FRAME_BYTES: u32 = 16_384;
+/// The settings the client port's `:authority` adaptor follows connections with.
+pub const AUTHORITY_LIMITS: Limits = Limits {
+    max_frame: MAX_FRAME_BYTES as usize,
+    max_header_list: MAX_HEADER_LIST_BYTES as usize,
+};
 /// Streams open at once per connection by default: etcd's `--max-concurrent-streams`
 /// default (`math.MaxUint32`). Memory stays bounded per connection by the windows above.
 pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = u32::MAX;
@@ -74,6 +84,7 @@ pub fn server_builder(max_concurrent_streams: u32) -> tonic::transport::Server {
         .http2_adaptive_window(Some(false))
         .max_concurrent_streams(max_concurrent_streams)
         .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
+        .max_frame_size(MAX_FRAME_BYTES)
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
 }
@@ -133,13 +144,14 @@ impl Incoming {
         let _ = stream.set_nodelay(true);
         let _ = socket2::SockRef::from(&stream)
             .set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(Duration::from_secs(60)));
+        let dialer = self.dialer;
         if let Security::Plain = self.security {
-            return Some(RecordedStream::new(ClientIo::Plain(stream), peer));
+            return Some(RecordedStream::new(ClientIo::Plain(stream), peer, dialer));
         }
         let security = self.security.clone();
         self.handshakes.push(Box::pin(
-            conn::establish(stream, peer, security, self.dialer)
-                .map(move |io| io.map(|io| RecordedStream::new(io, peer))),
+            conn::establish(stream, peer, security, dialer)
+                .map(move |io| io.map(|io| RecordedStream::new(io, peer, dialer))),
         ));
         None
     }
@@ -209,18 +221,24 @@ impl Stream for Incoming {
     }
 }
 
-/// An accepted client connection whose outgoing HTTP/2 frames are watched for GOAWAY (read
-/// above TLS, where the frames are plain).
+/// An accepted connection whose outgoing HTTP/2 frames are watched for GOAWAY (read above
+/// TLS, where the frames are plain) and, from a client, whose incoming `:authority` URLs are
+/// reduced to their authority ([`AuthorityRewrite`]; peers send none).
 pub struct RecordedStream {
-    inner: ClientIo,
+    inner: AuthorityRewrite<ClientIo>,
     recorder: GoAwayRecorder,
     info: ClientConnectInfo,
 }
 
 impl RecordedStream {
-    fn new(inner: ClientIo, peer: SocketAddr) -> Self {
+    fn new(inner: ClientIo, peer: SocketAddr, dialer: Dialer) -> Self {
+        let info = inner.connect_info();
+        let inner = match dialer {
+            Dialer::Client => AuthorityRewrite::new(inner, AUTHORITY_LIMITS),
+            Dialer::Peer => AuthorityRewrite::passthrough(inner),
+        };
         RecordedStream {
-            info: inner.connect_info(),
+            info,
             inner,
             recorder: GoAwayRecorder::new(peer),
         }

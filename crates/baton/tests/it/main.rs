@@ -2,6 +2,7 @@
 //! module is what was once a file of its own under tests/.
 
 mod auth;
+mod authority;
 mod bench_smoke;
 mod chaos;
 mod cli_kv;
