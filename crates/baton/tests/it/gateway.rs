@@ -605,10 +605,9 @@ fn three_members_on_one_host_with_etcds_flags_all_serve() {
         .collect::<Vec<_>>()
         .join(",");
     // etcd's own three-member example (its Procfile), ports aside: no --listen-metrics-urls.
-    let mut children: Vec<std::process::Child> = names
-        .iter()
-        .enumerate()
-        .map(|(i, name)| {
+    let spawn = |i: usize| {
+        let name = names[i];
+        {
             let log = std::fs::File::create(dir.path().join(format!("{name}.log"))).unwrap();
             Command::new(env!("CARGO_BIN_EXE_baton"))
                 .arg("serve")
@@ -637,8 +636,24 @@ fn three_members_on_one_host_with_etcds_flags_all_serve() {
                 .stderr(log)
                 .spawn()
                 .unwrap()
-        })
-        .collect();
+        }
+    };
+    // One member alone has no leader: etcd 3.4's 503 and Go's http.Error text.
+    let mut children = Members(vec![spawn(0)]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let alone = loop {
+        let h = curl(&[&format!("http://127.0.0.1:{}/health", client[0])]);
+        if h.status != 0 {
+            break h;
+        }
+        assert!(Instant::now() < deadline, "the first member never listened");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(
+        (alone.status, alone.body.as_str()),
+        (503, "{\"health\":\"false\"}\n")
+    );
+    children.0.extend([spawn(1), spawn(2)]);
     let deadline = Instant::now() + Duration::from_secs(60);
     let healthy = |port: u16| curl(&[&format!("http://127.0.0.1:{port}/health")]);
     for &port in &client {
@@ -648,7 +663,7 @@ fn three_members_on_one_host_with_etcds_flags_all_serve() {
                 assert_eq!(h.body, r#"{"health":"true"}"#);
                 break;
             }
-            for c in children.iter_mut() {
+            for c in children.0.iter_mut() {
                 assert!(
                     c.try_wait().unwrap().is_none(),
                     "a member exited: see {:?}",
@@ -687,9 +702,19 @@ fn three_members_on_one_host_with_etcds_flags_all_serve() {
         &format!(r#"{{"key":"{}","range_end":"{}"}}"#, b64("0"), b64("9")),
     );
     assert_eq!(all.json()["count"], "3", "{all:?}");
-    for c in children.iter_mut() {
+    for c in children.0.iter_mut() {
         assert!(c.try_wait().unwrap().is_none());
-        let _ = c.kill();
-        let _ = c.wait();
+    }
+}
+
+/// Member processes, killed when the test ends, however it ends.
+struct Members(Vec<std::process::Child>);
+
+impl Drop for Members {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }
