@@ -404,7 +404,9 @@ const FRAME_TYPE_GOAWAY: u8 = 0x7;
 
 /// Follows HTTP/2 frame boundaries through a server's outgoing byte stream, however the
 /// writes split it, and hands over each GOAWAY. A server writes no connection preface of its
-/// own (its first frame is SETTINGS), so the stream is frames from its first byte.
+/// own (its first frame is SETTINGS), so the stream is frames from its first byte. A
+/// connection whose first bytes are not a SETTINGS frame speaks HTTP/1.1 (the client port
+/// serves both) and is not scanned at all.
 #[derive(Debug, Default)]
 pub struct FrameScanner {
     header: [u8; FRAME_HEADER_BYTES],
@@ -413,12 +415,18 @@ pub struct FrameScanner {
     payload_left: usize,
     /// The GOAWAY being read, when the current frame is one.
     goaway: Option<Vec<u8>>,
+    /// The first frame header was read (and was SETTINGS).
+    started: bool,
+    /// Not HTTP/2: nothing to scan.
+    not_http2: bool,
 }
+
+const FRAME_TYPE_SETTINGS: u8 = 0x4;
 
 impl FrameScanner {
     /// Feeds the next bytes written; `found` is called for every GOAWAY completed.
     pub fn scan(&mut self, mut bytes: &[u8], mut found: impl FnMut(GoAway)) {
-        while !bytes.is_empty() {
+        while !bytes.is_empty() && !self.not_http2 {
             if self.payload_left == 0 && self.goaway.is_none() {
                 let take = (FRAME_HEADER_BYTES - self.header_len).min(bytes.len());
                 self.header[self.header_len..self.header_len + take]
@@ -430,6 +438,14 @@ impl FrameScanner {
                 }
                 self.header_len = 0;
                 let h = &self.header;
+                if !self.started {
+                    self.started = true;
+                    // SETTINGS on stream 0 opens every HTTP/2 server's output.
+                    if h[3] != FRAME_TYPE_SETTINGS || h[5..9] != [0, 0, 0, 0] {
+                        self.not_http2 = true;
+                        return;
+                    }
+                }
                 self.payload_left = u32::from_be_bytes([0, h[0], h[1], h[2]]) as usize;
                 if h[3] == FRAME_TYPE_GOAWAY {
                     self.goaway = Some(Vec::new());
@@ -525,8 +541,20 @@ mod tests {
     }
 
     #[test]
+    fn an_http1_connection_is_not_scanned() {
+        // HTTP/1.1 answers read as frame headers could take any type; none is reported.
+        let mut scanner = FrameScanner::default();
+        let mut found = Vec::new();
+        let mut stream = b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\n".to_vec();
+        stream.extend(goaway(1, 2, b"looks like one"));
+        scanner.scan(&stream, |g| found.push(g));
+        assert!(found.is_empty());
+    }
+
+    #[test]
     fn long_debug_data_is_cut_and_the_next_frame_still_found() {
-        let mut stream = goaway(1, 2, &[b'x'; 5000]);
+        let mut stream = frame(0x4, &[]);
+        stream.extend(goaway(1, 2, &[b'x'; 5000]));
         stream.extend(goaway(3, 0xb, b"too_many_resets"));
         let found = scan_in_pieces(&stream, 700);
         assert_eq!(found.len(), 2);
@@ -538,7 +566,8 @@ mod tests {
     fn a_truncated_goaway_payload_is_ignored() {
         // A GOAWAY shorter than its fixed 8 bytes is malformed; it must not be reported or
         // derail the frames after it.
-        let mut stream = frame(FRAME_TYPE_GOAWAY, &[0, 0, 0]);
+        let mut stream = frame(FRAME_TYPE_SETTINGS, &[]);
+        stream.extend(frame(FRAME_TYPE_GOAWAY, &[0, 0, 0]));
         stream.extend(goaway(9, 1, b""));
         assert_eq!(scan_in_pieces(&stream, 4).len(), 1);
     }
