@@ -18,6 +18,7 @@ pub mod auth;
 pub mod auth_service;
 pub mod authority;
 pub mod baton_v1;
+mod call_session;
 pub mod cluster;
 pub mod conn;
 pub mod convert;
