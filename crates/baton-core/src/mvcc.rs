@@ -348,6 +348,19 @@ impl KeyStore {
         );
     }
 
+    /// Clears the lease of `key`'s newest version in place (an import whose backup lacks the
+    /// lease the key names); nothing else changes.
+    pub(crate) fn detach_lease(&mut self, key: &[u8]) {
+        if let Some(live) = self
+            .keys
+            .get_mut(key)
+            .and_then(|vs| vs.last_mut())
+            .and_then(|v| v.live.as_mut())
+        {
+            live.lease = 0;
+        }
+    }
+
     /// Drops every version that no read at or after `at` can see: for each key, everything
     /// older than its newest version `<= at`, and that one too if it is a tombstone. Only keys
     /// changed since the previous compaction can have anything to drop, and `changes` lists
