@@ -30,3 +30,14 @@ impl Error {
         }
     }
 }
+
+/// An I/O error stays itself (a writer's sink may report that its reader went away); the
+/// rest become `InvalidData`.
+impl From<Error> for std::io::Error {
+    fn from(e: Error) -> std::io::Error {
+        match e {
+            Error::Io(e) => e,
+            other => std::io::Error::new(std::io::ErrorKind::InvalidData, other),
+        }
+    }
+}

@@ -70,10 +70,15 @@ const KNOWN: &[&[u8]] = &[
     layout::META,
 ];
 
-/// Reads the state out of an etcd-layout snapshot, to be applied as of `last_applied`.
+/// How often `read_state` reports its progress, in versions read.
+const PROGRESS_EVERY: u64 = 10_000;
+
+/// Reads the state out of an etcd-layout snapshot, to be applied as of `last_applied`;
+/// `progress(versions read)` is called every 10,000 versions of the `key` bucket.
 pub fn read_state<R: ReadAt>(
     db: &Db<R>,
     last_applied: (CommandIndex, Term),
+    progress: &mut dyn FnMut(u64),
 ) -> Result<(StateMachine, ImportInfo), ReadError> {
     let buckets: BTreeMap<Vec<u8>, BucketRef> = db.buckets()?.into_iter().collect();
     let get = |name: &[u8]| buckets.get(name);
@@ -111,6 +116,7 @@ pub fn read_state<R: ReadAt>(
     let mut im = Importer::new();
     let mut failed: Option<ReadError> = None;
     let mut last_main = 1;
+    let mut versions = 0u64;
     db.for_each(key_bucket, "key", &mut |k, v, _| {
         let res = (|| {
             let (main, _, tombstone) =
@@ -135,6 +141,10 @@ pub fn read_state<R: ReadAt>(
             };
             im.version(&kv.key, main, live)?;
             last_main = main;
+            versions += 1;
+            if versions % PROGRESS_EVERY == 0 {
+                progress(versions);
+            }
             Ok(())
         })();
         if let Err(e) = res {

@@ -18,7 +18,7 @@ fn fixture_state() -> (StateMachine, baton_snapshot::ImportInfo) {
     let mut f = std::fs::File::open(FIXTURE).unwrap();
     verify_trailer(&mut f, false).unwrap();
     let db = Db::open(f).unwrap();
-    read_state(&db, (CommandIndex(0), Term(1))).unwrap()
+    read_state(&db, (CommandIndex(0), Term(1)), &mut |_| {}).unwrap()
 }
 
 fn get(sm: &StateMachine, key: &str) -> Option<baton_core::KeyValue> {
@@ -130,7 +130,12 @@ fn the_state_written_back_is_read_by_etcdctl_and_by_baton_alike() {
 
     let mut f = std::fs::File::open(&path).unwrap();
     verify_trailer(&mut f, false).unwrap();
-    let (back, info) = read_state(&Db::open(f).unwrap(), (CommandIndex(0), Term(1))).unwrap();
+    let (back, info) = read_state(
+        &Db::open(f).unwrap(),
+        (CommandIndex(0), Term(1)),
+        &mut |_| {},
+    )
+    .unwrap();
     assert_eq!(info.consistent_index, 42);
     assert_eq!(info.members, vec![(0xabc, "m".to_string())]);
     assert_eq!(back.hash_kv(0), sm.hash_kv(0));

@@ -54,6 +54,7 @@ enum Command {
     Member(cli::member::MemberArgs),
     MoveLeader(cli::member::MoveLeaderArgs),
     Fence(cli::fence::FenceArgs),
+    Snapshot(cli::snapshot::SnapshotArgs),
     Auth(cli::auth::AuthArgs),
     User(cli::auth::UserArgs),
     Role(cli::auth::RoleArgs),
@@ -89,6 +90,7 @@ fn main() -> Result<()> {
         }
         Command::Member(args) => std::process::exit(runtime.block_on(cli::member::run(args))),
         Command::Fence(args) => std::process::exit(runtime.block_on(cli::fence::run(args))),
+        Command::Snapshot(args) => std::process::exit(runtime.block_on(cli::snapshot::run(args))),
         Command::Auth(args) => std::process::exit(runtime.block_on(cli::auth::run_auth(args))),
         Command::User(args) => std::process::exit(runtime.block_on(cli::auth::run_user(args))),
         Command::Role(args) => std::process::exit(runtime.block_on(cli::auth::run_role(args))),

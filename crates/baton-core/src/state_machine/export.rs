@@ -84,15 +84,24 @@ impl StateMachine {
             r
         });
         let keys = self.store.keys();
-        let above = self.store.changes().iter().flat_map(move |(&rev, changed)| {
-            changed.as_slice().iter().enumerate().map(move |(sub, key)| {
-                let (key, versions) = keys.get_key_value(key).expect("change index names a key");
-                let at = versions
-                    .binary_search_by_key(&rev, |v| v.mod_revision)
-                    .expect("change index names a retained version");
-                version_ref(key, &versions[at], sub as i64)
-            })
-        });
+        let above = self
+            .store
+            .changes()
+            .iter()
+            .flat_map(move |(&rev, changed)| {
+                changed
+                    .as_slice()
+                    .iter()
+                    .enumerate()
+                    .map(move |(sub, key)| {
+                        let (key, versions) =
+                            keys.get_key_value(key).expect("change index names a key");
+                        let at = versions
+                            .binary_search_by_key(&rev, |v| v.mod_revision)
+                            .expect("change index names a retained version");
+                        version_ref(key, &versions[at], sub as i64)
+                    })
+            });
         below.chain(above)
     }
 
@@ -101,7 +110,9 @@ impl StateMachine {
         self.leases.iter().map(|(id, l)| LeaseExport {
             id: *id,
             granted_ttl_s: l.granted_ttl_s,
-            remaining_ttl_s: l.checkpoint_remaining_ms.map(|ms| (ms + 999).div_euclid(1000)),
+            remaining_ttl_s: l
+                .checkpoint_remaining_ms
+                .map(|ms| (ms + 999).div_euclid(1000)),
         })
     }
 }

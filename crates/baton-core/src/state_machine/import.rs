@@ -110,7 +110,13 @@ impl Importer {
                 after: self.last_revision,
             });
         }
-        if self.store.keys().get(key).and_then(|vs| vs.last()).is_some_and(|v| v.mod_revision == mod_revision) {
+        if self
+            .store
+            .keys()
+            .get(key)
+            .and_then(|vs| vs.last())
+            .is_some_and(|v| v.mod_revision == mod_revision)
+        {
             return Err(ImportError::Twice {
                 key: shown(key),
                 revision: mod_revision,
@@ -268,7 +274,13 @@ mod tests {
             }
         }
         next(&mut sm, del("k03"));
-        next(&mut sm, Command::LeaseGrant { id: LeaseId(0x77), ttl_s: 60 });
+        next(
+            &mut sm,
+            Command::LeaseGrant {
+                id: LeaseId(0x77),
+                ttl_s: 60,
+            },
+        );
         next(&mut sm, put_leased("with-lease", 0x77));
         let ops = (0..5)
             .map(|n| {
@@ -278,8 +290,19 @@ mod tests {
                 RequestOp::Put(p)
             })
             .collect();
-        next(&mut sm, Command::Txn(TxnRequest { success: ops, ..TxnRequest::default() }));
-        next(&mut sm, Command::Compact { revision: Revision(60) });
+        next(
+            &mut sm,
+            Command::Txn(TxnRequest {
+                success: ops,
+                ..TxnRequest::default()
+            }),
+        );
+        next(
+            &mut sm,
+            Command::Compact {
+                revision: Revision(60),
+            },
+        );
         next(&mut sm, del("k04"));
         next(&mut sm, put("k05", "after"));
         sm
@@ -291,12 +314,14 @@ mod tests {
             im.version(
                 v.key,
                 v.mod_revision,
-                v.live.map(|l| (l.create_revision, l.version, l.lease, l.value)),
+                v.live
+                    .map(|l| (l.create_revision, l.version, l.lease, l.value)),
             )
             .unwrap();
         }
         for l in sm.leases_for_export() {
-            im.lease(l.id.0, l.granted_ttl_s, l.remaining_ttl_s).unwrap();
+            im.lease(l.id.0, l.granted_ttl_s, l.remaining_ttl_s)
+                .unwrap();
         }
         im.auth(sm.auth_state().clone());
         im.finish(sm.revision().0, sm.compact_revision().0, sm.last_applied())
@@ -314,7 +339,10 @@ mod tests {
         sorted.sort();
         sorted.dedup();
         assert_eq!(order, sorted, "strictly increasing (revision, sub)");
-        assert!(order.iter().any(|(_, sub)| *sub == 4), "the txn's five puts");
+        assert!(
+            order.iter().any(|(_, sub)| *sub == 4),
+            "the txn's five puts"
+        );
         let (back, summary) = import(&sm);
         assert_eq!(back.hash_kv(0), sm.hash_kv(0));
         assert_eq!(back.revision(), sm.revision());
@@ -338,8 +366,13 @@ mod tests {
         let sm = sample();
         let mut im = Importer::new();
         for v in sm.versions_in_revision_order() {
-            im.version(v.key, v.mod_revision, v.live.map(|l| (l.create_revision, l.version, l.lease, l.value)))
-                .unwrap();
+            im.version(
+                v.key,
+                v.mod_revision,
+                v.live
+                    .map(|l| (l.create_revision, l.version, l.lease, l.value)),
+            )
+            .unwrap();
         }
         let (back, summary) = im
             .finish(sm.revision().0, sm.revision().0, (CommandIndex(0), Term(1)))
