@@ -102,7 +102,9 @@ pub use crate::membership::change::{
 };
 pub use crate::node::Node;
 pub use crate::origin::{origin, LeaderDuty, Origin};
-pub use crate::restore::{restore_data_dir, RestoreError, Restored, RESTORED_LAST_APPLIED};
+pub use crate::restore::{
+    restore_data_dir, RestoreError, RestoreInto, Restored, RESTORED_LAST_APPLIED,
+};
 pub use crate::space::DEFAULT_SPACE_RESERVE_BYTES;
 pub use crate::status::{NodeStatus, WalWritePaths};
 pub use crate::transfer::TransferError;

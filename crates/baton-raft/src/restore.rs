@@ -46,27 +46,45 @@ pub struct Restored {
     pub cluster_id: u64,
 }
 
-/// Makes `data_dir` (which must not exist, or be an empty directory) the data directory of
-/// member `name` of the cluster `initial_members` with `token`, holding `state` (built with
-/// [`RESTORED_LAST_APPLIED`]).
+/// What may already be in the directory restored into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestoreInto {
+    /// Nothing: the directory must not exist, or be empty (`baton snapshot restore`).
+    NewDirectory,
+    /// An etcd data directory (`member/`, as `etcdctl snapshot restore` makes it): Baton's
+    /// files go beside it, and none of them may exist yet.
+    BesideEtcdData,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RestoreError {
+    let path = path.to_path_buf();
+    move |source| RestoreError::Io { path, source }
+}
+
+/// Makes `data_dir` the data directory of member `name` of the cluster `initial_members`
+/// with `token`, holding `state` (built with [`RESTORED_LAST_APPLIED`]).
 pub fn restore_data_dir(
     data_dir: &Path,
+    into: RestoreInto,
     name: &str,
     advertised_peer_urls: &[String],
     initial_members: Vec<InitialMember>,
     token: &str,
     state: &StateMachine,
 ) -> Result<Restored, RestoreError> {
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| RestoreError::Io { path, source }
+    let taken = match into {
+        RestoreInto::NewDirectory => {
+            data_dir.exists()
+                && fs::read_dir(data_dir)
+                    .map_err(io(data_dir))?
+                    .next()
+                    .is_some()
+        }
+        RestoreInto::BesideEtcdData => ["member.meta", "raft", "snap"]
+            .iter()
+            .any(|f| data_dir.join(f).exists()),
     };
-    if data_dir.exists()
-        && fs::read_dir(data_dir)
-            .map_err(io(data_dir))?
-            .next()
-            .is_some()
-    {
+    if taken {
         return Err(RestoreError::Exists(data_dir.to_path_buf()));
     }
     if state.last_applied() != RESTORED_LAST_APPLIED {

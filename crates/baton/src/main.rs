@@ -3,10 +3,12 @@
 //! `baton lease`, `baton status`, `baton member` and `baton move-leader` for data and
 //! operators, `baton bench` to benchmark any etcd-API server, `baton lock` and `baton elect` for Baton's locks and elections,
 //! `baton saga` for the sagas of `baton-txn`'s orchestrator, `baton 2pc` for its
-//! two-phase-commit decision log.
+//! two-phase-commit decision log, `baton snapshot` for backups in etcd's format (and
+//! `etcd_datadir`: a data directory `etcdctl snapshot restore` made is imported at start).
 
 mod cli;
 mod corrupt_check;
+mod etcd_datadir;
 mod serve;
 mod ui;
 

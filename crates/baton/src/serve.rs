@@ -398,6 +398,12 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
     node_config.env.transport = peer_listen.transport;
     node_config.strict_reconfig_check = args.strict_reconfig_check;
 
+    crate::etcd_datadir::adopt(
+        &args.data_dir,
+        &args.name,
+        &node_config.peer_urls,
+        node_config.cluster.as_ref(),
+    )?;
     let node = baton_raft::Node::start(node_config)
         .await
         .with_context(|| format!("starting the member in {}", args.data_dir.display()))?;

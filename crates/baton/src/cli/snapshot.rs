@@ -215,6 +215,7 @@ fn restore(args: &RestoreArgs, format: Format) -> Result<i32> {
         .map_err(|e| anyhow!("{}: {e}", args.file.display()))?;
     let restored = baton_raft::restore_data_dir(
         &data_dir,
+        baton_raft::RestoreInto::NewDirectory,
         &args.name,
         &args.initial_advertise_peer_urls,
         members,
