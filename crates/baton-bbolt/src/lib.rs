@@ -32,5 +32,5 @@ mod writer;
 
 pub use error::Error;
 pub use page::{DEFAULT_PAGE_SIZE, MAGIC, VERSION};
-pub use reader::{BucketRef, Db, ReadAt};
+pub use reader::{BucketRef, Db, EntryFn, ReadAt};
 pub use writer::{Layout, Writer};

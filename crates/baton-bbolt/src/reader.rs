@@ -24,6 +24,11 @@ const MAX_DEPTH: usize = 64;
 /// every platform etcd runs on.
 const MAX_PAGE_SIZE: u32 = 1 << 16;
 
+/// What [`Db::for_each`] calls for each entry: key, value, whether it is a nested bucket.
+pub type EntryFn<'a> = dyn FnMut(&[u8], &[u8], bool) -> Result<(), Error> + 'a;
+/// The walk's callback: element flags, key, value.
+type ElementFn<'a> = dyn FnMut(u32, &[u8], &[u8]) -> Result<(), Error> + 'a;
+
 /// Positional reads: a file, or bytes in memory (tests).
 pub trait ReadAt {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
@@ -225,19 +230,14 @@ impl<R: ReadAt> Db<R> {
         &self,
         bucket: &BucketRef,
         name: &str,
-        f: &mut dyn FnMut(&[u8], &[u8], bool) -> Result<(), Error>,
+        f: &mut EntryFn<'_>,
     ) -> Result<(), Error> {
         self.walk(bucket, name, &mut |flags, k, v| {
             f(k, v, flags & BUCKET_LEAF_FLAG != 0)
         })
     }
 
-    fn walk(
-        &self,
-        bucket: &BucketRef,
-        name: &str,
-        f: &mut dyn FnMut(u32, &[u8], &[u8]) -> Result<(), Error>,
-    ) -> Result<(), Error> {
+    fn walk(&self, bucket: &BucketRef, name: &str, f: &mut ElementFn<'_>) -> Result<(), Error> {
         let mut last: Option<Vec<u8>> = None;
         let mut ordered = |flags: u32, k: &[u8], v: &[u8]| -> Result<(), Error> {
             if last.as_deref().is_some_and(|l| l >= k) {
@@ -260,12 +260,7 @@ impl<R: ReadAt> Db<R> {
         }
     }
 
-    fn walk_page(
-        &self,
-        id: u64,
-        depth: usize,
-        f: &mut dyn FnMut(u32, &[u8], &[u8]) -> Result<(), Error>,
-    ) -> Result<(), Error> {
+    fn walk_page(&self, id: u64, depth: usize, f: &mut ElementFn<'_>) -> Result<(), Error> {
         if depth > MAX_DEPTH {
             return Err(Error::corrupt(
                 id,
@@ -400,7 +395,7 @@ fn leaf_elements(
     id: u64,
     header: PageHeader,
     buf: &[u8],
-    f: &mut dyn FnMut(u32, &[u8], &[u8]) -> Result<(), Error>,
+    f: &mut ElementFn<'_>,
 ) -> Result<(), Error> {
     let count = usize::from(header.count);
     if PAGE_HEADER + count * LEAF_ELEMENT > buf.len() {

@@ -142,7 +142,7 @@ pub fn read_state<R: ReadAt>(
             im.version(&kv.key, main, live)?;
             last_main = main;
             versions += 1;
-            if versions % PROGRESS_EVERY == 0 {
+            if versions.is_multiple_of(PROGRESS_EVERY) {
                 progress(versions);
             }
             Ok(())
@@ -153,10 +153,7 @@ pub fn read_state<R: ReadAt>(
         }
         Ok(())
     })
-    .or_else(|e| match failed.take() {
-        Some(f) => Err(f),
-        None => Err(ReadError::from(e)),
-    })?;
+    .map_err(|e| failed.take().unwrap_or_else(|| ReadError::from(e)))?;
 
     let mut compact = 1;
     db.for_each(meta_bucket, "meta", &mut |k, v, _| {
