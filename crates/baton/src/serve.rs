@@ -367,7 +367,9 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
             metrics_exporter_prometheus::Matcher::Full(
                 "etcd_disk_backend_snapshot_duration_seconds".into(),
             ),
-            &(0..16).map(|i| 0.01 * f64::from(1u32 << i)).collect::<Vec<_>>(),
+            &(0..16)
+                .map(|i| 0.01 * f64::from(1u32 << i))
+                .collect::<Vec<_>>(),
         )
         .context("metric buckets")?
         .set_buckets_for_metric(
