@@ -131,3 +131,82 @@ impl Write for ChunkSink {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use baton_core::{Command, CommandIndex, Entry, PutRequest, StateMachine, Term};
+    use baton_snapshot::SHA256_LEN;
+
+    fn source(keys: u64) -> SnapshotSource {
+        let mut sm = StateMachine::new();
+        for i in 0..keys {
+            sm.apply(&Entry {
+                index: CommandIndex(i),
+                term: Term(1),
+                time_ms: i,
+                command: Command::Put(PutRequest {
+                    key: format!("key/{i:06}").into_bytes(),
+                    value: vec![b'v'; 100],
+                    ..PutRequest::default()
+                }),
+            });
+        }
+        SnapshotSource {
+            state: sm,
+            consistent_index: keys,
+            members: Vec::new(),
+        }
+    }
+
+    /// Full 32 KiB chunks but the last, each saying what is still to come, then the trailer;
+    /// the writer waits while the (bounded) queue is full and the reader reads slowly.
+    #[test]
+    fn chunks_count_down_to_the_trailer() {
+        let src = source(3000);
+        let total = src.plan().unwrap().file_bytes();
+        let (tx, mut rx) = mpsc::channel(QUEUED_CHUNKS);
+        let writer = std::thread::spawn(move || write(&src, &tx));
+        let mut got = Vec::new();
+        let mut chunks = Vec::new();
+        while let Some(msg) = rx.blocking_recv() {
+            let msg = msg.unwrap();
+            chunks.push((msg.blob.len(), msg.remaining_bytes));
+            got.push(msg.blob);
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        assert_eq!(writer.join().unwrap().unwrap(), total);
+        let (sha, db) = got.split_last().unwrap();
+        let db: Vec<u8> = db.concat();
+        assert_eq!(db.len() as u64, total);
+        assert!(
+            chunks.len() > QUEUED_CHUNKS + 2,
+            "several chunks: {}",
+            chunks.len()
+        );
+        let mut remaining = total;
+        for (len, left) in &chunks[..chunks.len() - 1] {
+            remaining -= *len as u64;
+            assert_eq!(*left, remaining);
+        }
+        assert!(chunks[..chunks.len() - 2]
+            .iter()
+            .all(|(len, _)| *len == CHUNK_BYTES));
+        assert_eq!(chunks.last(), Some(&(SHA256_LEN, 0)));
+        let mut h = HashingWriter::new(std::io::sink());
+        h.write_all(&db).unwrap();
+        assert_eq!(h.finish().0.as_slice(), sha.as_slice());
+    }
+
+    /// A client that goes away stops the writer (it does not write the rest into nothing).
+    #[test]
+    fn a_client_gone_stops_the_writer() {
+        let src = source(3000);
+        let (tx, mut rx) = mpsc::channel(QUEUED_CHUNKS);
+        let writer = std::thread::spawn(move || write(&src, &tx));
+        rx.blocking_recv().unwrap().unwrap();
+        drop(rx);
+        let err = writer.join().unwrap().unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::BrokenPipe);
+    }
+}
