@@ -38,6 +38,12 @@ pub(crate) fn tmp_path(path: &Path) -> PathBuf {
 /// On failure the temporary file is removed: on a full disk it would otherwise hold on to
 /// the very space whose lack made the write fail (a snapshot's worth, for a snapshot).
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    write_atomic_parts(path, &[bytes])
+}
+
+/// [`write_atomic`] of the concatenation of `parts`, without making it: a snapshot's header
+/// goes in front of its body, which can be hundreds of megabytes.
+pub(crate) fn write_atomic_parts(path: &Path, parts: &[&[u8]]) -> io::Result<()> {
     let tmp = tmp_path(path);
     let written = (|| {
         let mut f = OpenOptions::new()
@@ -45,7 +51,9 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
             .create(true)
             .truncate(true)
             .open(&tmp)?;
-        f.write_all(bytes)?;
+        for part in parts {
+            f.write_all(part)?;
+        }
         f.sync_all()
     })();
     if let Err(e) = written {
