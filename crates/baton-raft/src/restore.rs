@@ -142,7 +142,7 @@ pub fn restore_data_dir(
     };
     files::write_atomic(&member_path, &files::encode_member(&identity))
         .map_err(io(&member_path))?;
-    snapshot::write(&snap_dir, &meta, &state.snapshot()).map_err(io(&snap_dir))?;
+    snapshot::write_state(&snap_dir, &meta, state).map_err(io(&snap_dir))?;
     files::fsync_dir(data_dir).map_err(io(data_dir))?;
     Ok(Restored {
         member_id,

@@ -113,7 +113,24 @@ pub fn read_state<R: ReadAt>(
         }
     }
 
-    let mut im = Importer::new();
+    let mut compact = 1;
+    db.for_each(meta_bucket, "meta", &mut |k, v, _| {
+        let rev = || parse_rev_key(v).map(|(m, _, _)| m);
+        match k {
+            _ if k == layout::CONSISTENT_INDEX && v.len() == 8 => {
+                info.consistent_index = u64::from_be_bytes(v.try_into().expect("8 bytes"));
+            }
+            _ if k == layout::FINISHED_COMPACT || k == layout::SCHEDULED_COMPACT => {
+                // etcd resumes a scheduled compaction it had not finished on restore.
+                compact = compact.max(rev().unwrap_or(1));
+            }
+            _ => {}
+        }
+        Ok(())
+    })?;
+    // Known before the versions: history at or below it goes straight into its compacted
+    // shape instead of into an index that compaction would drop.
+    let mut im = Importer::compacted_at(compact);
     let mut failed: Option<ReadError> = None;
     let mut last_main = 1;
     let mut versions = 0u64;
@@ -154,22 +171,6 @@ pub fn read_state<R: ReadAt>(
         Ok(())
     })
     .map_err(|e| failed.take().unwrap_or_else(|| ReadError::from(e)))?;
-
-    let mut compact = 1;
-    db.for_each(meta_bucket, "meta", &mut |k, v, _| {
-        let rev = || parse_rev_key(v).map(|(m, _, _)| m);
-        match k {
-            _ if k == layout::CONSISTENT_INDEX && v.len() == 8 => {
-                info.consistent_index = u64::from_be_bytes(v.try_into().expect("8 bytes"));
-            }
-            _ if k == layout::FINISHED_COMPACT || k == layout::SCHEDULED_COMPACT => {
-                // etcd resumes a scheduled compaction it had not finished on restore.
-                compact = compact.max(rev().unwrap_or(1));
-            }
-            _ => {}
-        }
-        Ok(())
-    })?;
 
     if let Some(b) = get(layout::LEASE) {
         let mut leases = Vec::new();
