@@ -11,22 +11,25 @@ const REDRAW_EVERY: Duration = Duration::from_millis(100);
 
 pub struct Progress {
     label: &'static str,
+    /// What the count counts ("key versions").
+    unit: &'static str,
     started: Instant,
     last_draw: Option<Instant>,
     on_terminal: bool,
 }
 
 impl Progress {
-    pub fn new(label: &'static str) -> Progress {
+    pub fn new(label: &'static str, unit: &'static str) -> Progress {
         Progress {
             label,
+            unit,
             started: Instant::now(),
             last_draw: None,
             on_terminal: std::io::stderr().is_terminal(),
         }
     }
 
-    /// Redraws the line if it is due: `bytes` of `total` (if known) and `keys` (if known).
+    /// Redraws the line if it is due: `bytes` of `total` (if known) and the count (if known).
     pub fn update(&mut self, bytes: u64, total: Option<u64>, keys: Option<u64>) {
         if !self.on_terminal || self.last_draw.is_some_and(|t| t.elapsed() < REDRAW_EVERY) {
             return;
@@ -54,7 +57,8 @@ impl Progress {
             line += &format!(" of {} ({pct:.0}%)", bytes_human(total as i64));
         }
         if let Some(keys) = keys {
-            line += &format!(", {keys} keys ({:.0} keys/s)", keys as f64 / secs);
+            let unit = self.unit;
+            line += &format!(", {keys} {unit} ({:.0}/s)", keys as f64 / secs);
         }
         line += &format!(", {}/s", bytes_human((bytes as f64 / secs) as i64));
         line

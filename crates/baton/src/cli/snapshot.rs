@@ -130,7 +130,7 @@ async fn save_to(client: &ClientArgs, part: &Path) -> Result<u64> {
         .open(part)
         .with_context(|| format!("could not open {}", part.display()))?;
     let mut out = HashingWriter::new(file);
-    let mut progress = Progress::new("received");
+    let mut progress = Progress::new("received", "keys");
     let mut db_bytes = 0u64;
     let mut trailer: Option<Vec<u8>> = None;
     while let Some(chunk) = stream.next().await.map_err(describe)? {
@@ -147,7 +147,7 @@ async fn save_to(client: &ClientArgs, part: &Path) -> Result<u64> {
         db_bytes += chunk.blob.len() as u64;
         progress.update(db_bytes, Some(db_bytes + chunk.remaining_bytes), None);
     }
-    progress.done(db_bytes, None, None);
+    progress.done(db_bytes, Some(db_bytes), None);
     let (digest, mut file) = out.finish();
     match trailer {
         None => bail!("sha256 checksum not found [bytes: {db_bytes}]"),
@@ -205,7 +205,7 @@ fn restore(args: &RestoreArgs, format: Format) -> Result<i32> {
         );
     }
     let total = db.size();
-    let mut progress = Progress::new("restored");
+    let mut progress = Progress::new("restored", "key versions");
     let mut shown = 0;
     let (state, info) =
         baton_snapshot::read_state(&db, baton_raft::RESTORED_LAST_APPLIED, &mut |versions| {
