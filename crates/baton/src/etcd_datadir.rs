@@ -35,7 +35,8 @@ pub fn adopt(
             peer_urls: peer_urls.to_vec(),
         }],
     };
-    let token = cluster.map_or("etcd-cluster", |c| c.token.as_str());
+    // `baton serve`'s default token: a member without `--initial-cluster` has no peers.
+    let token = cluster.map_or("baton-cluster", |c| c.token.as_str());
     let file = std::fs::File::open(&db_path)
         .with_context(|| format!("opening etcd's database {}", db_path.display()))?;
     let db = Db::open(file).with_context(|| format!("etcd's database {}", db_path.display()))?;

@@ -70,8 +70,9 @@ pub struct RestoreArgs {
     /// The new cluster's members, name=peer-url,...
     #[arg(long, default_value = "default=http://localhost:2380")]
     pub initial_cluster: String,
-    /// The new cluster's token (the members' ids derive from it).
-    #[arg(long, default_value = "etcd-cluster")]
+    /// The new cluster's token (the members' ids derive from it; the default is `baton
+    /// serve`'s, so a restore and a start without the flag agree).
+    #[arg(long, default_value = "baton-cluster")]
     pub initial_cluster_token: String,
     /// This member's peer URLs, as listed in --initial-cluster.
     #[arg(long, default_value = "http://localhost:2380", value_delimiter = ',')]

@@ -833,3 +833,135 @@ fn a_million_key_snapshot_streams_with_bounded_memory() {
     );
     assert!(restore_peak < before, "the restore holds the store once");
 }
+
+/// `baton serve` on a data directory `etcdctl snapshot restore` made (etcd's layout) imports
+/// etcd's database at its first start and serves it (etcd's `TestIssue6361` runbook); on the
+/// data directory of an etcd that has run, it refuses to start and says what to do instead.
+#[test]
+fn baton_serve_takes_a_data_directory_etcdctl_restored() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd_dir = dir.path().join("etcd-ran");
+    let peer_port = free_port_below_ephemeral();
+    let etcd = RestoredEtcd::start(&etcd_dir, "e1", peer_port);
+    wait_ready_plain(&etcd.endpoint());
+    for i in 0..50 {
+        ok(
+            etcdctl(
+                &etcd.endpoint(),
+                &["put", &format!("k{i:02}"), &format!("v{i}")],
+                None,
+            ),
+            "put",
+        );
+    }
+    let file = dir.path().join("from-etcd.db");
+    ok(
+        etcdctl(
+            &etcd.endpoint(),
+            &["snapshot", "save", file.to_str().unwrap()],
+            None,
+        ),
+        "save",
+    );
+    drop(etcd);
+
+    let restored = dir.path().join("restored");
+    let peer_port = free_port_below_ephemeral();
+    let peer = format!("http://127.0.0.1:{peer_port}");
+    let initial = format!("r1={peer}");
+    ok(
+        etcdctl(
+            "127.0.0.1:1",
+            &[
+                "snapshot",
+                "restore",
+                file.to_str().unwrap(),
+                "--name",
+                "r1",
+                "--data-dir",
+                restored.to_str().unwrap(),
+                "--initial-cluster",
+                &initial,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ],
+            None,
+        ),
+        "etcdctl snapshot restore",
+    );
+    let mut baton = Baton {
+        child: None,
+        data_dir: restored.clone(),
+        client_port: free_port_below_ephemeral(),
+        metrics_port: free_port_below_ephemeral(),
+        peer_port,
+        extra_args: vec![
+            "--name".into(),
+            "r1".into(),
+            "--initial-cluster".into(),
+            initial,
+        ],
+        nofile_limit: None,
+        client_urls: None,
+        peer_scheme: "http",
+    };
+    baton.spawn();
+    wait_ready_plain(&baton.endpoint());
+    let got = ok(
+        etcdctl(
+            &baton.endpoint(),
+            &["get", "k42", "--print-value-only"],
+            None,
+        ),
+        "get",
+    );
+    assert_eq!(got.trim(), "v42");
+    assert!(restored.join("member.meta").exists() && restored.join("member/snap/db").exists());
+    // A restart uses Baton's files (the import happens once).
+    baton.kill9();
+    baton.spawn();
+    wait_ready_plain(&baton.endpoint());
+    ok(
+        etcdctl(&baton.endpoint(), &["put", "after", "x"], None),
+        "put after restart",
+    );
+
+    // The directory etcd itself ran on: its WAL may hold entries the database has not.
+    let mut cmd = baton_cmd();
+    cmd.args(["serve", "--name", "e1", "--data-dir"])
+        .arg(&etcd_dir)
+        .args([
+            "--listen-client-urls",
+            &format!("http://127.0.0.1:{}", free_port_below_ephemeral()),
+        ])
+        .args([
+            "--listen-peer-urls",
+            &format!("http://127.0.0.1:{}", free_port_below_ephemeral()),
+        ]);
+    let out = run(cmd, "baton serve on etcd's own data directory");
+    assert_ne!(out.code, 0);
+    assert!(
+        out.stderr.contains("an etcd that has run")
+            && out.stderr.contains("baton snapshot restore"),
+        "{}",
+        out.stderr
+    );
+    assert!(!etcd_dir.join("member.meta").exists(), "nothing written");
+}
+
+/// [`wait_ready`] without auth.
+fn wait_ready_plain(endpoint: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = etcdctl(endpoint, &["get", "k00"], None);
+        if out.code == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{endpoint} never answered: {}",
+            out.stderr
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
