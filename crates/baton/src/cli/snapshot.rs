@@ -57,7 +57,7 @@ pub enum SnapshotCommand {
     Restore(RestoreArgs),
 }
 
-/// etcdctl's `snapshot restore` flags and defaults.
+/// etcdctl's `snapshot restore` flags and defaults (the token's default is `baton serve`'s).
 #[derive(Args, Debug)]
 pub struct RestoreArgs {
     pub file: PathBuf,
