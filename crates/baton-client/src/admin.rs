@@ -13,6 +13,18 @@ use crate::error::{Error, Result};
 pub use bpb::{InspectResponse, ListLocksResponse, LockEntry, LockSummary};
 pub use pb::{Member, MemberListResponse, StatusResponse};
 
+/// The chunks of [`Client::snapshot`].
+pub struct SnapshotStream {
+    inner: tonic::Streaming<pb::SnapshotResponse>,
+}
+
+impl SnapshotStream {
+    /// The next chunk, `None` at the end of the stream.
+    pub async fn next(&mut self) -> Result<Option<pb::SnapshotResponse>> {
+        self.inner.message().await.map_err(Error::from_status)
+    }
+}
+
 /// Options of [`Client::list_locks`]: which names, from where, how many.
 #[derive(Debug, Clone, Default)]
 pub struct ListLocksOptions {
@@ -92,6 +104,26 @@ impl Client {
             },
         )
         .await
+    }
+
+    /// A snapshot of the member's store in etcd's format (etcd's `Maintenance.Snapshot`,
+    /// served by the member this client is connected to): chunks of a bbolt database, each
+    /// saying how many bytes are still to come, then one with the SHA-256 of all of them.
+    /// Only obtaining the stream has the request deadline; reading it has none (a large
+    /// store takes as long as it takes). With auth on, root only.
+    pub async fn snapshot(&self) -> Result<SnapshotStream> {
+        let inner = self
+            .call(
+                "Maintenance/Snapshot",
+                Retry::Idempotent,
+                Deadline::Default,
+                |ch, _| {
+                    let r = request(pb::SnapshotRequest {}, None);
+                    async move { MaintenanceClient::new(ch).snapshot(r).await }
+                },
+            )
+            .await?;
+        Ok(SnapshotStream { inner })
     }
 
     /// The hash of the member's key space up to `revision` (0: its current revision), with

@@ -179,7 +179,7 @@ pub use baton_proto::mvccpb::KeyValue;
 
 pub use admin::{
     InspectResponse, ListLocksOptions, ListLocksResponse, LockEntry, LockSummary, Member,
-    MemberListResponse, StatusResponse,
+    MemberListResponse, SnapshotStream, StatusResponse,
 };
 pub use auth::{AuthChannel, AuthToken, Credentials};
 pub use barrier::{Barrier, DoubleBarrier};

@@ -63,6 +63,9 @@ pub use locks::{
     FORCE_RELEASE_RETENTION_MS, MAX_FENCE_RESOURCES, MAX_FORCE_RELEASE_RECORDS, MAX_LOCKS,
     MAX_LOCK_DELAY_MS, MAX_REASON_BYTES,
 };
-pub use state_machine::{HistoryBatch, LeaseInfo, SnapshotError, StateMachine};
+pub use state_machine::{
+    HistoryBatch, ImportError, ImportSummary, Importer, LeaseExport, LeaseInfo, LiveRef,
+    SnapshotError, StateMachine, VersionRef,
+};
 pub use types::*;
 pub use watch::{WatchHub, WatchOutput, WatchSpec, WatcherId};

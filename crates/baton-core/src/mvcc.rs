@@ -348,6 +348,45 @@ impl KeyStore {
         );
     }
 
+    /// Makes `live` (or nothing, for `None`) the one version of `key`, at `rev`, without an
+    /// entry in the change index: history at or below the compact revision, where each key
+    /// keeps at most its one live version. For an import that knows its compact revision
+    /// before its versions (a second index of a million keys, only for compaction to drop
+    /// it, was most of an import's peak memory). Every version `key` had must be at or
+    /// below the same compact revision (the caller imports in revision order).
+    pub(crate) fn set_compacted(&mut self, key: &[u8], rev: i64, live: Option<Live>) {
+        if let Some(old) = self.keys.remove(key) {
+            if old.last().is_some_and(|v| v.live.is_some()) {
+                self.live_keys -= 1;
+            }
+            for v in &old {
+                self.size_bytes -= v.size_bytes(key);
+            }
+        }
+        if let Some(live) = live {
+            let version = Version {
+                mod_revision: rev,
+                live: Some(live),
+            };
+            self.size_bytes += version.size_bytes(key);
+            self.live_keys += 1;
+            self.keys.insert(key.into(), vec![version]);
+        }
+    }
+
+    /// Clears the lease of `key`'s newest version in place (an import whose backup lacks the
+    /// lease the key names); nothing else changes.
+    pub(crate) fn detach_lease(&mut self, key: &[u8]) {
+        if let Some(live) = self
+            .keys
+            .get_mut(key)
+            .and_then(|vs| vs.last_mut())
+            .and_then(|v| v.live.as_mut())
+        {
+            live.lease = 0;
+        }
+    }
+
     /// Drops every version that no read at or after `at` can see: for each key, everything
     /// older than its newest version `<= at`, and that one too if it is a tombstone. Only keys
     /// changed since the previous compaction can have anything to drop, and `changes` lists

@@ -38,15 +38,36 @@ pub(crate) fn tmp_path(path: &Path) -> PathBuf {
 /// On failure the temporary file is removed: on a full disk it would otherwise hold on to
 /// the very space whose lack made the write fail (a snapshot's worth, for a snapshot).
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    write_atomic_parts(path, &[bytes])
+}
+
+/// [`write_atomic`] of the concatenation of `parts`, without making it: a snapshot's header
+/// goes in front of its body, which can be hundreds of megabytes.
+pub(crate) fn write_atomic_parts(path: &Path, parts: &[&[u8]]) -> io::Result<()> {
+    write_atomic_with(path, &mut |f| {
+        for part in parts {
+            f.write_all(part)?;
+        }
+        Ok(())
+    })
+}
+
+/// [`write_atomic`] of what `fill` writes (through a buffer), for contents made as they are
+/// written.
+pub(crate) fn write_atomic_with(
+    path: &Path,
+    fill: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
+) -> io::Result<()> {
     let tmp = tmp_path(path);
     let written = (|| {
-        let mut f = OpenOptions::new()
+        let f = OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
             .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()
+        let mut w = io::BufWriter::with_capacity(1 << 20, f);
+        fill(&mut w)?;
+        w.into_inner().map_err(|e| e.into_error())?.sync_all()
     })();
     if let Err(e) = written {
         let _ = fs::remove_file(&tmp);

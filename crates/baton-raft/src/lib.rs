@@ -27,6 +27,7 @@
 //!   on the leader's clock), `disk_watch`, `ticker` (the periodic duties), `publish`,
 //!   `membership` (changes; `plan`: etcd's checks as a pure function; `join`), `election`
 //!   (the pre-vote timer), `transfer` (leader transfer);
+//! - `restore`: a new data directory from a backup (`baton snapshot restore`);
 //! - the top: `leader_service` (the leader's side of forwarded requests), `peer_server` (the
 //!   peer service), `node` ([`Node`], the API), `start` ([`Node::start`]).
 //!
@@ -71,6 +72,7 @@ mod proposer;
 mod publish;
 mod read_index;
 mod replica;
+mod restore;
 mod routing;
 mod sm;
 mod snapshot;
@@ -100,6 +102,9 @@ pub use crate::membership::change::{
 };
 pub use crate::node::Node;
 pub use crate::origin::{origin, LeaderDuty, Origin};
+pub use crate::restore::{
+    restore_data_dir, RestoreError, RestoreInto, Restored, RESTORED_LAST_APPLIED,
+};
 pub use crate::space::DEFAULT_SPACE_RESERVE_BYTES;
 pub use crate::status::{NodeStatus, WalWritePaths};
 pub use crate::transfer::TransferError;

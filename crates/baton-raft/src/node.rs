@@ -83,6 +83,15 @@ impl Node {
         f(&self.parts.replica.shared.state.read().sm)
     }
 
+    /// A frozen copy of the applied state and the Raft log index it reflects (etcd's
+    /// consistent index), taken under one read lock: O(1) for the key store (a persistent
+    /// B-tree whose nodes stay shared until the next write to each), a copy of the small
+    /// tables. A backup is written from it without holding any lock.
+    pub fn frozen_state(&self) -> (StateMachine, u64) {
+        let st = self.parts.replica.shared.state.read();
+        (st.sm.clone(), st.last_applied.map_or(0, |l| l.index))
+    }
+
     /// Runs `f` on the watch hub together with the applied state; no entry is applied while
     /// `f` runs, so a watcher registered here sees every later event exactly once.
     pub fn with_watch_hub<R>(&self, f: impl FnOnce(&mut WatchHub, &StateMachine) -> R) -> R {

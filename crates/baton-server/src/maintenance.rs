@@ -1,5 +1,6 @@
-//! `etcdserverpb.Maintenance` (status, alarms, hashes, defragment); root only once auth is
-//! enabled, as in etcd (`Auth` is `auth_service.rs`).
+//! `etcdserverpb.Maintenance` (status, alarms, hashes, defragment, snapshots in etcd's
+//! format — `snapshot_stream.rs`); root only once auth is enabled, as in etcd (`Auth` is
+//! `auth_service.rs`).
 
 use std::pin::Pin;
 
@@ -10,6 +11,8 @@ use tonic::{Request, Status};
 
 use crate::errors::{kv_status, not_supported};
 use crate::Shared;
+
+mod snapshot_stream;
 
 /// The core's alarm for etcd's `AlarmType` (`None` for `NONE`, "any", and for alarms Baton
 /// never raises).
@@ -186,7 +189,26 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
     ) -> Result<tonic::Response<Self::SnapshotStream>, Status> {
         // Root only once auth is enabled, as etcd.
         self.shared.require_admin(&self.shared.caller(&request)?)?;
-        Err(not_supported("snapshot streaming"))
+        let (state, consistent_index) = self.shared.node.frozen_state();
+        let members = self
+            .shared
+            .node
+            .members()
+            .into_iter()
+            .map(|m| baton_snapshot::Member {
+                id: m.id,
+                name: m.name,
+                peer_urls: m.peer_urls,
+                client_urls: m.client_urls,
+                is_learner: m.is_learner,
+            })
+            .collect();
+        let chunks = snapshot_stream::start(baton_snapshot::SnapshotSource {
+            state,
+            consistent_index,
+            members,
+        });
+        Ok(tonic::Response::new(Box::pin(chunks)))
     }
 
     async fn move_leader(

@@ -3,10 +3,12 @@
 //! `baton lease`, `baton status`, `baton member` and `baton move-leader` for data and
 //! operators, `baton bench` to benchmark any etcd-API server, `baton lock` and `baton elect` for Baton's locks and elections,
 //! `baton saga` for the sagas of `baton-txn`'s orchestrator, `baton 2pc` for its
-//! two-phase-commit decision log.
+//! two-phase-commit decision log, `baton snapshot` for backups in etcd's format (and
+//! `etcd_datadir`: a data directory `etcdctl snapshot restore` made is imported at start).
 
 mod cli;
 mod corrupt_check;
+mod etcd_datadir;
 mod serve;
 mod ui;
 
@@ -54,6 +56,7 @@ enum Command {
     Member(cli::member::MemberArgs),
     MoveLeader(cli::member::MoveLeaderArgs),
     Fence(cli::fence::FenceArgs),
+    Snapshot(cli::snapshot::SnapshotArgs),
     Auth(cli::auth::AuthArgs),
     User(cli::auth::UserArgs),
     Role(cli::auth::RoleArgs),
@@ -89,6 +92,7 @@ fn main() -> Result<()> {
         }
         Command::Member(args) => std::process::exit(runtime.block_on(cli::member::run(args))),
         Command::Fence(args) => std::process::exit(runtime.block_on(cli::fence::run(args))),
+        Command::Snapshot(args) => std::process::exit(runtime.block_on(cli::snapshot::run(args))),
         Command::Auth(args) => std::process::exit(runtime.block_on(cli::auth::run_auth(args))),
         Command::User(args) => std::process::exit(runtime.block_on(cli::auth::run_user(args))),
         Command::Role(args) => std::process::exit(runtime.block_on(cli::auth::run_role(args))),

@@ -387,6 +387,17 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
             ],
         )
         .context("metric buckets")?
+        // etcd's: ExponentialBuckets(0.01, 2, 16), 10 ms to 5.5 min (a snapshot of a large
+        // store takes seconds to minutes, past the default buckets' 5 s).
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full(
+                "etcd_disk_backend_snapshot_duration_seconds".into(),
+            ),
+            &(0..16)
+                .map(|i| 0.01 * f64::from(1u32 << i))
+                .collect::<Vec<_>>(),
+        )
+        .context("metric buckets")?
         .set_buckets_for_metric(
             metrics_exporter_prometheus::Matcher::Suffix("_batch_size".into()),
             &[1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1024.0],
@@ -424,6 +435,12 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
     node_config.env.transport = peer_listen.transport;
     node_config.strict_reconfig_check = args.strict_reconfig_check;
 
+    crate::etcd_datadir::adopt(
+        &args.data_dir,
+        &args.name,
+        &node_config.peer_urls,
+        node_config.cluster.as_ref(),
+    )?;
     let node = baton_raft::Node::start(node_config)
         .await
         .with_context(|| format!("starting the member in {}", args.data_dir.display()))?;

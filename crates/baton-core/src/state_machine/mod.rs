@@ -17,12 +17,16 @@
 //! - `alarm`: raised alarms and the `NoSpace` refusal;
 //! - `auth`: the auth store's commands, the permission check of `Authorized`, auth queries;
 //! - `snapshot`: the current snapshot format and the read paths of formats 1 to 3;
+//! - `export`: every retained version in revision order and the leases, for backups;
+//! - `import`: a state built from a backup (etcd's snapshot layout), checked;
 //! - `read`: queries over the whole state (revisions, history, size, `hash_kv`).
 
 mod alarm;
 mod apply;
 mod auth;
 mod dedup;
+mod export;
+mod import;
 mod kv;
 mod lease;
 mod lock;
@@ -32,6 +36,8 @@ mod store;
 #[cfg(test)]
 mod tests;
 
+pub use export::{LeaseExport, LiveRef, VersionRef};
+pub use import::{ImportError, ImportSummary, Importer};
 pub use lease::LeaseInfo;
 pub use read::HistoryBatch;
 pub use snapshot::SnapshotError;

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::auth::{AuthState, PermCache};
 use crate::clients::{ClientSession, ClientTable};
 use crate::command::AlarmType;
-use crate::crc32::crc32;
+use crate::crc32::{crc32, Crc32};
 use crate::fencing_keys::FencingKeys;
 use crate::locks::{FenceTable, LockRecord, LockTable, MAX_FENCE_RESOURCES, MAX_LOCKS};
 use crate::mvcc::{ChangeMap, Changed, Key, KeyMap, KeyStore, Version};
@@ -275,7 +275,32 @@ impl StateMachine {
     /// The checksum lets `restore` tell a damaged snapshot from a valid one instead of
     /// trusting whatever bincode manages to decode.
     pub fn snapshot(&self) -> Vec<u8> {
-        let body = SnapshotBodyRef {
+        let payload =
+            bincode::serialize(&self.snapshot_body()).expect("in-memory state always serializes");
+        let mut out = Vec::with_capacity(payload.len() + 5);
+        out.push(SNAPSHOT_FORMAT);
+        out.extend_from_slice(&crc32(&payload).to_le_bytes());
+        out.extend_from_slice(&payload);
+        out
+    }
+
+    /// Writes exactly the bytes of [`StateMachine::snapshot`] into `out` without holding them
+    /// in memory: the body is encoded twice, once into a checksum (which comes first) and
+    /// once into `out`. For writers of whole states too large to copy (a restored backup).
+    pub fn snapshot_to(&self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+        let mut summer = CrcSink(Crc32::new());
+        bincode::serialize_into(&mut summer, &self.snapshot_body())
+            .expect("in-memory state always serializes");
+        out.write_all(&[SNAPSHOT_FORMAT])?;
+        out.write_all(&summer.0.finish().to_le_bytes())?;
+        bincode::serialize_into(out, &self.snapshot_body()).map_err(|e| match *e {
+            bincode::ErrorKind::Io(e) => e,
+            other => std::io::Error::other(other.to_string()),
+        })
+    }
+
+    fn snapshot_body(&self) -> SnapshotBodyRef<'_> {
+        SnapshotBodyRef {
             revision: self.revision,
             compact_revision: self.compact_revision,
             last_applied: self.last_applied,
@@ -289,13 +314,7 @@ impl StateMachine {
             alarms: &self.alarms,
             auth: &self.auth,
             fencing_keys: &self.fencing_keys,
-        };
-        let payload = bincode::serialize(&body).expect("in-memory state always serializes");
-        let mut out = Vec::with_capacity(payload.len() + 5);
-        out.push(SNAPSHOT_FORMAT);
-        out.extend_from_slice(&crc32(&payload).to_le_bytes());
-        out.extend_from_slice(&payload);
-        out
+        }
     }
 
     /// Inverse of `snapshot`.
@@ -372,9 +391,34 @@ impl StateMachine {
     }
 }
 
+/// A `Write` that only checksums what it is given.
+struct CrcSink(Crc32);
+
+impl std::io::Write for CrcSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn snapshot_to_writes_the_snapshots_bytes() {
+        let mut sm = StateMachine::new();
+        for i in 0..50 {
+            sm.apply(&entry(i, put(&format!("k{i}"), "v")));
+        }
+        let mut streamed = Vec::new();
+        sm.snapshot_to(&mut streamed).unwrap();
+        assert_eq!(streamed, sm.snapshot());
+    }
+
     use crate::command::{Command, DeleteRangeRequest};
     use crate::state_machine::tests::{entry, put};
     use crate::types::KeyRange;

@@ -209,3 +209,87 @@ async fn inconsistent_cluster_flags_are_refused() {
     c.election_timeout = Duration::from_millis(200);
     assert!(matches!(Node::start(c).await, Err(StartError::Timing(_))));
 }
+
+/// `restore_data_dir` (what `baton snapshot restore` runs once per member): three
+/// directories made from one restored state start as a new cluster that serves the state,
+/// elects a leader, goes on from the state's revision, and restarts from its own files; a
+/// directory that holds anything, or a name `--initial-cluster` does not list, is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn restored_data_directories_start_as_a_new_cluster() {
+    use baton_raft::{restore_data_dir, RestoreError, RestoreInto, RESTORED_LAST_APPLIED};
+    let tmp = tempfile::tempdir().unwrap();
+    let cfgs = configs(tmp.path(), 3);
+    let mut im = baton_core::Importer::new();
+    im.version(b"a", 2, Some((2, 1, 0, b"1"))).unwrap();
+    im.version(b"b", 3, Some((3, 1, 0, b"2"))).unwrap();
+    im.version(b"a", 4, Some((2, 2, 0, b"3"))).unwrap();
+    let (state, _) = im.finish(4, 1, RESTORED_LAST_APPLIED).unwrap();
+    let cluster = cfgs[0].cluster.clone().unwrap();
+    for c in &cfgs {
+        restore_data_dir(
+            &c.data_dir,
+            RestoreInto::NewDirectory,
+            &c.name,
+            &c.peer_urls,
+            cluster.initial_members.clone(),
+            &cluster.token,
+            &state,
+        )
+        .unwrap();
+    }
+    let again = restore_data_dir(
+        &cfgs[0].data_dir,
+        RestoreInto::NewDirectory,
+        &cfgs[0].name,
+        &cfgs[0].peer_urls,
+        cluster.initial_members.clone(),
+        &cluster.token,
+        &state,
+    );
+    assert!(matches!(again, Err(RestoreError::Exists(_))), "{again:?}");
+    let stranger = restore_data_dir(
+        &tmp.path().join("stranger"),
+        RestoreInto::NewDirectory,
+        "nobody",
+        &cfgs[0].peer_urls,
+        cluster.initial_members.clone(),
+        &cluster.token,
+        &state,
+    );
+    assert!(
+        matches!(stranger, Err(RestoreError::Cluster(_))),
+        "{stranger:?}"
+    );
+
+    let mut nodes = Vec::new();
+    for c in cfgs.clone() {
+        nodes.push(Node::start(c).await.expect("start a restored member"));
+    }
+    let refs: Vec<&Node> = nodes.iter().collect();
+    let leader = leader_of(&refs).await;
+    for n in &nodes {
+        assert_eq!(get(n, "a").as_deref(), Some(&b"3"[..]));
+        assert_eq!(n.read(|sm| sm.revision().0), 4);
+    }
+    let p = nodes[(leader + 1) % 3]
+        .propose(put("c", "4"))
+        .await
+        .unwrap();
+    assert_eq!(
+        p.applied.revision.0, 5,
+        "the restored cluster goes on from the state's revision"
+    );
+    for n in nodes.drain(..) {
+        n.shutdown().await;
+    }
+    let mut nodes = Vec::new();
+    for c in cfgs {
+        nodes.push(Node::start(c).await.expect("restart"));
+    }
+    let refs: Vec<&Node> = nodes.iter().collect();
+    leader_of(&refs).await;
+    assert_eq!(get(&nodes[2], "c").as_deref(), Some(&b"4"[..]));
+    for n in nodes {
+        n.shutdown().await;
+    }
+}

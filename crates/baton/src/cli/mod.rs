@@ -18,6 +18,8 @@
 //!   (kept in Baton), read only: finishing transactions is the Recoverer's job.
 //!
 //! - `baton auth|user|role` ([`auth`]): etcd's Auth service with etcdctl's commands.
+//! - `baton snapshot save|status|restore` ([`snapshot`]): backups in etcd's format, from and
+//!   into Baton or etcd, with a progress line on a terminal ([`progress`]).
 //!
 //! What the commands share has modules of its own ([`args`], [`exit`], [`signals`]), so a
 //! command never reaches back into this file.
@@ -36,9 +38,11 @@ pub mod lock;
 pub mod member;
 pub mod ops;
 pub mod output;
+pub mod progress;
 pub mod saga;
 pub mod session;
 pub mod signals;
+pub mod snapshot;
 pub mod status;
 pub mod twopc;
 pub mod txn;

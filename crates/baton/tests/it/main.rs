@@ -30,6 +30,7 @@ mod leases_failover;
 mod lock_cli;
 mod membership;
 mod peer_tls;
+mod snapshot;
 mod steady_state;
 mod tls;
 mod ui;
