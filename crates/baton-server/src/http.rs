@@ -45,6 +45,7 @@ async fn health(State(st): State<HttpState>) -> impl IntoResponse {
             .await
             .map(|r| r.is_ok())
             .unwrap_or(false);
+    crate::monitor::health_checked(ok);
     if ok {
         (
             StatusCode::OK,
@@ -58,37 +59,11 @@ async fn health(State(st): State<HttpState>) -> impl IntoResponse {
     }
 }
 
-/// Refreshes the gauges that are read rather than counted, then renders everything.
+/// Everything in Prometheus' text format (`monitor::render`).
 async fn render_metrics(State(st): State<HttpState>) -> impl IntoResponse {
-    let status = st.shared.node.status();
-    let (revision, compact, keys, leases, size, locks) = st.shared.node.read(|sm| {
-        (
-            sm.revision(),
-            sm.compact_revision(),
-            sm.key_count(),
-            sm.lease_ids().len(),
-            sm.approximate_size_bytes(),
-            sm.lock_count(),
-        )
-    });
-    metrics::gauge!("baton_raft_term").set(status.term as f64);
-    metrics::gauge!("baton_raft_index").set(status.last_log_index as f64);
-    metrics::gauge!("baton_raft_applied_index").set(status.applied_index as f64);
-    metrics::gauge!("baton_is_leader").set(if status.leader_id == Some(status.member_id) {
-        1.0
-    } else {
-        0.0
-    });
-    metrics::gauge!("baton_db_size_bytes").set(status.disk_bytes as f64);
-    metrics::gauge!("baton_db_size_in_use_bytes").set(size as f64);
-    metrics::gauge!("baton_mvcc_revision").set(revision.0 as f64);
-    metrics::gauge!("baton_mvcc_compact_revision").set(compact.0 as f64);
-    metrics::gauge!("baton_mvcc_keys").set(keys as f64);
-    metrics::gauge!("baton_leases").set(leases as f64);
-    metrics::gauge!("baton_lock_registry_locks").set(locks as f64);
     (
         [("content-type", "text/plain; version=0.0.4")],
-        st.metrics.render(),
+        crate::monitor::render(&st.shared, &st.metrics).await,
     )
 }
 

@@ -28,6 +28,7 @@ pub mod lease;
 pub mod locks;
 pub mod maintenance;
 pub mod metrics_layer;
+pub mod monitor;
 pub mod peer_tls;
 pub mod recv_limit_layer;
 mod shared;
