@@ -24,6 +24,7 @@ mod lease_safety;
 mod leases_failover;
 mod lock_cli;
 mod membership;
+mod metrics;
 mod peer_tls;
 mod steady_state;
 mod tls;
