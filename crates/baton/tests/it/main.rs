@@ -25,6 +25,7 @@ mod leases_failover;
 mod lock_cli;
 mod membership;
 mod metrics;
+mod monitoring;
 mod peer_tls;
 mod steady_state;
 mod tls;

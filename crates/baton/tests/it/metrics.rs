@@ -14,10 +14,10 @@ use baton_proto::etcdserverpb::{
 };
 use tonic::codegen::http::uri::PathAndQuery;
 
-use crate::common::{self, etcdctl, etcdctl_cmd, http_get, Baton, Proc};
+use crate::common::{self, etcdctl, etcdctl_cmd, http_get, Baton, Cluster, Proc};
 
-/// Everything `/metrics` says, as lines.
-async fn scrape(port: u16) -> String {
+/// Everything `/metrics` says.
+pub(crate) async fn scrape(port: u16) -> String {
     let (code, body) = tokio::task::spawn_blocking(move || http_get(port, "/metrics"))
         .await
         .unwrap();
@@ -26,7 +26,7 @@ async fn scrape(port: u16) -> String {
 }
 
 /// The value of the sample written exactly `sample` (name and labels as rendered).
-fn value(body: &str, sample: &str) -> Option<f64> {
+pub(crate) fn value(body: &str, sample: &str) -> Option<f64> {
     let prefix = format!("{sample} ");
     body.lines()
         .find_map(|l| l.strip_prefix(&prefix))
@@ -34,7 +34,7 @@ fn value(body: &str, sample: &str) -> Option<f64> {
 }
 
 /// The samples (not comments) of the page.
-fn samples(body: &str) -> Vec<&str> {
+pub(crate) fn samples(body: &str) -> Vec<&str> {
     body.lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
         .collect()
@@ -257,15 +257,14 @@ async fn unknown_grpc_paths_add_no_series() {
     assert_eq!(unknown(&after, "Unimplemented"), Some(5.0));
 }
 
-/// Baton's lock metrics under a lock with two waiters whose holder's lease expires: the
-/// queue's contention while it waits, the expired owner, the next holder waiting out the
-/// lock-delay, the old holder's keep-alive failing (its lease is gone) and its fenced write
-/// rejected.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lock_metrics_follow_a_contended_lock() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = Baton::start(&dir.path().join("b"));
-    let ch = common::channel(&b.endpoint()).await;
+/// A lock with two waiters whose holder's lease expires, driven through `endpoint`: the
+/// holder's lease (2 s) is never kept alive, the lock has a 1.5 s lock-delay. Returns
+/// `/metrics` of `metrics_port` while both waiters queue behind the holder; by the time it
+/// returns, the holder has expired, the first waiter has waited out the lock-delay and
+/// holds the lock, the old holder's keep-alive has found its lease gone and its fenced
+/// write has been refused.
+pub(crate) async fn contended_lock(endpoint: &str, metrics_port: u16) -> String {
+    let ch = common::channel(endpoint).await;
     let mut leases = LeaseClient::new(ch.clone());
     let grant = |ttl: i64| {
         let mut leases = leases.clone();
@@ -278,7 +277,6 @@ async fn lock_metrics_follow_a_contended_lock() {
                 .id
         }
     };
-    // The holder's lease is never kept alive: it expires after 2 s.
     let (short, long1, long2) = (grant(2).await, grant(60).await, grant(60).await);
     let mut locks = LockClient::new(ch.clone());
     let acquire = |lease: i64| AcquireRequest {
@@ -299,19 +297,14 @@ async fn lock_metrics_follow_a_contended_lock() {
         .collect();
     // Both waiters queued behind the holder.
     let deadline = Instant::now() + Duration::from_secs(5);
-    let body = loop {
-        let body = scrape(b.metrics_port).await;
+    let queued = loop {
+        let body = scrape(metrics_port).await;
         if value(&body, "baton_lock_queued_waiters") == Some(2.0) {
             break body;
         }
         assert!(Instant::now() < deadline, "no queue:\n{body}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    assert_eq!(value(&body, "baton_lock_waiters_max"), Some(2.0));
-    assert_eq!(value(&body, "baton_lock_held"), Some(1.0));
-    assert_eq!(value(&body, "baton_lock_waiters"), Some(2.0));
-    assert_eq!(value(&body, "baton_lock_queue_length_count"), Some(3.0));
-
     // The waiter first in the queue (they raced to join it) gets the lock once the holder's
     // lease has expired and the lock-delay has passed; the other waits on behind it.
     let (first, _, _) = futures::future::select_all(waiters).await;
@@ -337,6 +330,21 @@ async fn lock_metrics_follow_a_contended_lock() {
         .await
         .expect_err("a stale token is refused");
     assert_eq!(stale.code(), tonic::Code::FailedPrecondition, "{stale:?}");
+    queued
+}
+
+/// Baton's lock metrics under [`contended_lock`]: the queue's contention while it waits,
+/// then the expired owner, the lock-delay waited out, the failed renewal and the fencing
+/// rejection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_metrics_follow_a_contended_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Baton::start(&dir.path().join("b"));
+    let body = contended_lock(&b.endpoint(), b.metrics_port).await;
+    assert_eq!(value(&body, "baton_lock_waiters_max"), Some(2.0));
+    assert_eq!(value(&body, "baton_lock_held"), Some(1.0));
+    assert_eq!(value(&body, "baton_lock_waiters"), Some(2.0));
+    assert_eq!(value(&body, "baton_lock_queue_length_count"), Some(3.0));
 
     let body = scrape(b.metrics_port).await;
     for (sample, want) in [
@@ -360,4 +368,38 @@ async fn lock_metrics_follow_a_contended_lock() {
     // The wait for the delay is about the delay (from the expiry, so at most it).
     let waited = value(&body, "baton_lock_delay_wait_seconds_sum").unwrap();
     assert!((0.5..=1.6).contains(&waited), "waited {waited} s");
+}
+
+/// `etcd_server_has_leader` follows Raft, not the last leader id: a leader whose followers
+/// are gone reports no leader within about the election timeout (etcd's CheckQuorum), while
+/// it still calls itself leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_without_a_quorum_has_no_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::start(dir.path(), 3, &[]);
+    let endpoints: Vec<String> = c.members.iter().map(|m| m.endpoint()).collect();
+    let leader = common::agreed_leader(&endpoints, Duration::from_secs(20)).await;
+    for m in &c.members {
+        assert_eq!(
+            value(&scrape(m.metrics_port).await, "etcd_server_has_leader"),
+            Some(1.0)
+        );
+    }
+    for (i, m) in c.members.iter_mut().enumerate() {
+        if i != leader {
+            m.kill9();
+        }
+    }
+    let port = c.members[leader].metrics_port;
+    let killed = Instant::now();
+    let deadline = killed + Duration::from_secs(10);
+    loop {
+        let body = scrape(port).await;
+        if value(&body, "etcd_server_has_leader") == Some(0.0) {
+            eprintln!("no leader reported {:?} after the kill", killed.elapsed());
+            break;
+        }
+        assert!(Instant::now() < deadline, "still a leader:\n{body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
