@@ -29,6 +29,29 @@ impl std::fmt::Debug for Credentials {
     }
 }
 
+/// A token `Authenticate` issued ([`crate::ClientConfig::with_token`]). Whoever holds it
+/// acts as its user, so `Debug` never prints it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AuthToken(String);
+
+impl AuthToken {
+    /// Wraps `token`.
+    pub fn new(token: impl Into<String>) -> AuthToken {
+        AuthToken(token.into())
+    }
+
+    /// The token's text, as the server issued it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for AuthToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AuthToken(<hidden>)")
+    }
+}
+
 /// The token a connection's calls carry, shared by its clones.
 pub(crate) type TokenCell = Arc<RwLock<Option<http::HeaderValue>>>;
 
@@ -64,9 +87,7 @@ impl tower::Service<http::Request<tonic::body::Body>> for AuthChannel {
 
 /// What an answer says about the token: fetch a new one and try again.
 pub(crate) fn token_refused(status: &tonic::Status) -> bool {
-    (status.code() == tonic::Code::Unauthenticated
-        && status.message() == "etcdserver: invalid auth token")
-        || status.message() == "etcdserver: revision of auth store is old"
+    crate::error::refuses_token(status.code(), status.message())
 }
 
 /// `Authenticate` over `channel`; `Ok(None)` when the server has auth disabled (etcd's

@@ -64,6 +64,29 @@ impl crate::Client {
         .await
     }
 
+    /// A token for `name` with `password` (etcd's `Auth.Authenticate`), for a later
+    /// [`crate::ClientConfig::with_token`]. A wrong name or password is etcd's
+    /// "authentication failed, invalid user ID or password"; with auth off, etcd's
+    /// "authentication is not enabled". Sent once: each call issues a new token.
+    pub async fn authenticate(&self, name: &str, password: &str) -> crate::Result<String> {
+        let req = pb::AuthenticateRequest {
+            name: name.to_string(),
+            password: password.to_string(),
+        };
+        let r = self
+            .call(
+                "Auth/Authenticate",
+                crate::client::Retry::Once,
+                crate::client::Deadline::Default,
+                |ch, t| {
+                    let r = crate::client::request(req.clone(), t);
+                    async move { AuthClient::new(ch).authenticate(r).await }
+                },
+            )
+            .await?;
+        Ok(r.token)
+    }
+
     /// Whether auth is on, and the auth store's revision.
     pub async fn auth_status(&self) -> crate::Result<pb::AuthStatusResponse> {
         let req = pb::AuthStatusRequest {};

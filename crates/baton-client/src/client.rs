@@ -326,6 +326,11 @@ impl Client {
                             Ok(t) => *token.write().expect("token lock") = t,
                             Err(status) => return Err(Error::from_status(status)),
                         }
+                    } else if let Some(given) = &self.inner.config.token {
+                        let value = http::HeaderValue::from_str(given.expose()).map_err(|_| {
+                            Error::Config("the auth token is not a valid header value".into())
+                        })?;
+                        *token.write().expect("token lock") = Some(value);
                     }
                     let generation = self.inner.generation.fetch_add(1, Ordering::AcqRel) + 1;
                     let conn = Conn {

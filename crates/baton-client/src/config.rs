@@ -37,6 +37,12 @@ pub struct ClientConfig {
     /// A user and password for servers with auth enabled: the client authenticates on
     /// every connection and again when its token is refused.
     pub credentials: Option<crate::auth::Credentials>,
+    /// A token an earlier `Authenticate` issued ([`crate::Client::authenticate`]), sent on
+    /// every call when there are no [`Self::credentials`]: for a program that holds a
+    /// user's token but not their password (Baton's dashboard keeps the token of the user
+    /// who logged in, and reads as that user). It is never renewed: once the server refuses
+    /// it (expired, or the auth store changed), calls fail with etcd's "invalid auth token".
+    pub token: Option<crate::auth::AuthToken>,
 }
 
 impl ClientConfig {
@@ -54,6 +60,7 @@ impl ClientConfig {
             tls: None,
             server_kind: ServerKind::Auto,
             credentials: None,
+            token: None,
         }
     }
 
@@ -63,6 +70,13 @@ impl ClientConfig {
             user: user.into(),
             password: password.into(),
         });
+        self
+    }
+
+    /// Sends `token` (from [`crate::Client::authenticate`]) on every call
+    /// ([`ClientConfig::token`]).
+    pub fn with_token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(crate::auth::AuthToken::new(token));
         self
     }
 

@@ -115,6 +115,17 @@ impl Error {
         )
     }
 
+    /// Whether the server refused the call's auth token: it expired, or the auth store
+    /// changed since it was issued (etcd's "invalid auth token", "revision of auth store is
+    /// old"). A client with a password authenticates again by itself; one given only a
+    /// token ([`crate::ClientConfig::with_token`]) needs a new one.
+    pub fn is_token_refused(&self) -> bool {
+        match self {
+            Error::Server { code, message } => refuses_token(*code, message),
+            _ => false,
+        }
+    }
+
     /// Maps a gRPC status to the closest variant.
     pub(crate) fn from_status(s: tonic::Status) -> Error {
         use tonic::Code;
@@ -140,6 +151,12 @@ impl Error {
             },
         }
     }
+}
+
+/// Whether an answer with `code` and `message` refuses the token the call carried.
+pub(crate) fn refuses_token(code: tonic::Code, message: &str) -> bool {
+    (code == tonic::Code::Unauthenticated && message == "etcdserver: invalid auth token")
+        || message == "etcdserver: revision of auth store is old"
 }
 
 /// Whether `s` says the connection (not the server) failed: `Unavailable`, or what tonic

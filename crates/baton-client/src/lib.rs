@@ -181,7 +181,7 @@ pub use admin::{
     InspectResponse, ListLocksOptions, ListLocksResponse, LockEntry, LockSummary, Member,
     MemberListResponse, StatusResponse,
 };
-pub use auth::{AuthChannel, Credentials};
+pub use auth::{AuthChannel, AuthToken, Credentials};
 pub use barrier::{Barrier, DoubleBarrier};
 pub use client::{Client, RequestId};
 pub use config::{ClientConfig, ServerKind, TlsConfig};

@@ -17,13 +17,18 @@ struct HttpState {
     metrics: PrometheusHandle,
 }
 
-/// The HTTP routes.
+/// The HTTP routes, with [`ServerConfig::http_extension`](crate::ServerConfig)'s merged in.
 pub fn router(shared: Shared, metrics: PrometheusHandle) -> Router {
-    Router::new()
+    let extension = shared.config.http_extension.clone();
+    let routes = Router::new()
         .route("/health", get(health))
         .route("/metrics", get(render_metrics))
         .route("/version", get(version))
-        .with_state(HttpState { shared, metrics })
+        .with_state(HttpState { shared, metrics });
+    match extension {
+        Some(extension) => routes.merge(extension),
+        None => routes,
+    }
 }
 
 /// Healthy when no alarm is raised, this member has a leader and a linearizable read goes

@@ -12,6 +12,7 @@
 //! them).
 
 mod access;
+mod anchor_leaf;
 pub mod auth;
 pub mod auth_service;
 pub mod baton_v1;
@@ -224,10 +225,8 @@ pub fn grpc_router(
             .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
         )
         .add_service(
-            LockServer::new(baton_v1::LockService {
-                engine: locks.clone(),
-            })
-            .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
+            LockServer::new(baton_v1::LockService::new(locks.clone()))
+                .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
         )
         .add_service(
             FenceServer::new(baton_v1::FenceService {

@@ -31,6 +31,10 @@ pub struct ServerConfig {
     pub max_concurrent_streams: u32,
     /// Tokens (`--auth-token`, `--auth-token-ttl`) and password hashing (`--bcrypt-cost`).
     pub auth: crate::auth::Authenticator,
+    /// More HTTP routes, merged into [`crate::http::router`] beside `/health`, `/metrics`
+    /// and `/version`: the `baton` binary's dashboard (`/ui`), which is a client of the
+    /// cluster and so lives outside this crate. Its routes must not overlap those above.
+    pub http_extension: Option<axum::Router>,
 }
 
 /// State shared by all services: the replica and the bits every handler needs.

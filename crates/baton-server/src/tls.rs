@@ -20,6 +20,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::anchor_leaf::AnchorAsLeafVerifier;
 /// rustls's server configuration, re-exported so that users need no rustls of their own.
 pub use baton_tls::{common_name, describe_tls_error};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerifier};
@@ -178,14 +179,21 @@ pub fn server_config(settings: &TlsSettings) -> Result<Arc<rustls::ServerConfig>
                 flag: settings.flag(Flag::ClientCertAuth),
                 ca: ca_flag,
             })?;
-        let roots = read_roots(ca_flag, ca_file)?;
+        let anchors = read_certs(ca_flag, ca_file)?;
+        let roots = root_store(ca_flag, ca_file, &anchors)?;
+        let crls = match &settings.crl_file {
+            Some(crl_file) => read_crls(settings.flag(Flag::Crl), crl_file)?,
+            None => Vec::new(),
+        };
         let mut verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
-        if let Some(crl_file) = &settings.crl_file {
-            verifier = verifier.with_crls(read_crls(settings.flag(Flag::Crl), crl_file)?);
+        if !crls.is_empty() {
+            verifier = verifier.with_crls(crls.clone());
         }
         let verifier = verifier
             .build()
             .map_err(|e| TlsError::Rustls(e.to_string()))?;
+        let verifier: Arc<dyn ClientCertVerifier> =
+            Arc::new(AnchorAsLeafVerifier::new(verifier, anchors, crls));
         match AllowedIdentity::of(settings)? {
             None => builder.with_client_cert_verifier(verifier),
             Some(allowed) => builder.with_client_cert_verifier(Arc::new(AllowedIdentityVerifier {
@@ -233,9 +241,18 @@ fn read_pair(
 }
 
 fn read_roots(flag: &'static str, path: &Path) -> Result<RootCertStore, TlsError> {
+    root_store(flag, path, &read_certs(flag, path)?)
+}
+
+/// The trust anchors of `certs`, read from `path` (named in errors).
+fn root_store(
+    flag: &'static str,
+    path: &Path,
+    certs: &[CertificateDer<'static>],
+) -> Result<RootCertStore, TlsError> {
     let mut roots = RootCertStore::empty();
-    for ca in read_certs(flag, path)? {
-        roots.add(ca).map_err(|e| invalid(flag, path, e))?;
+    for ca in certs {
+        roots.add(ca.clone()).map_err(|e| invalid(flag, path, e))?;
     }
     Ok(roots)
 }

@@ -132,6 +132,7 @@ async fn member_main(ctx: Arc<Ctx>, i: usize) -> turmoil::Result {
             watch_progress_interval: Duration::from_secs(600),
             max_concurrent_streams: baton_server::transport::DEFAULT_MAX_CONCURRENT_STREAMS,
             auth: baton_server::auth::Authenticator::default(),
+            http_extension: None,
         },
     };
     let locks = baton_server::locks::LockEngine::new(shared.clone());

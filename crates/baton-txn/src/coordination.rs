@@ -178,6 +178,62 @@ pub(crate) fn check_namespace(ns: &str) -> Result<(), LogError> {
     Ok(())
 }
 
+/// Where every namespace's records live: `baton-txn/<namespace>/…`.
+const ROOT: &str = "baton-txn/";
+
+/// Namespaces found in Baton ([`namespaces`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Namespaces {
+    /// In name order.
+    pub names: Vec<String>,
+    /// Whether there are more after the last one listed.
+    pub more: bool,
+}
+
+/// The namespaces that have records in Baton (sagas, 2PC transactions, their elections), in
+/// name order, at most `limit`. For tools that show every namespace (Baton's dashboard):
+/// each namespace costs one keys-only read of one key, which then skips past all of its
+/// keys, so a namespace of a million records costs what one of a single record does.
+pub async fn namespaces(client: &Client, limit: usize) -> Result<Namespaces, LogError> {
+    let end = baton_client::prefix_end(ROOT.as_bytes());
+    let mut from = ROOT.as_bytes().to_vec();
+    let mut found = Namespaces::default();
+    loop {
+        let r = retry(|| async {
+            Ok(client
+                .get(
+                    from.clone(),
+                    GetOptions::new()
+                        .with_range_end(end.clone())
+                        .with_keys_only()
+                        .with_limit(1),
+                )
+                .await?)
+        })
+        .await?;
+        let Some(kv) = r.kvs.first() else {
+            return Ok(found);
+        };
+        let rest = &kv.key[ROOT.len()..];
+        let name_len = rest.iter().position(|b| *b == b'/').unwrap_or(rest.len());
+        let name = String::from_utf8_lossy(&rest[..name_len]).into_owned();
+        // Past every key of this namespace (`<name>/` and, for a key without a slash, the
+        // key itself).
+        let mut next = kv.key[..ROOT.len() + name_len].to_vec();
+        next.push(b'/');
+        from = baton_client::prefix_end(&next);
+        if check_namespace(&name).is_err() {
+            // A key no namespace could have written (another tool's): not a namespace.
+            continue;
+        }
+        if found.names.len() == limit {
+            found.more = true;
+            return Ok(found);
+        }
+        found.names.push(name);
+    }
+}
+
 /// Baton calls that fail in a way that may pass are retried this often.
 const BATON_ATTEMPTS: u32 = 6;
 

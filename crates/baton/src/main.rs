@@ -8,6 +8,7 @@
 mod cli;
 mod corrupt_check;
 mod serve;
+mod ui;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};

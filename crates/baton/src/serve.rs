@@ -367,6 +367,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
 
     let election_timeout = Duration::from_millis(args.election_timeout);
     let mut node_config = baton_raft::NodeConfig::new(args.name.clone(), args.data_dir.clone());
+    let dashboard_endpoints = advertise_client.clone();
     node_config.client_urls = advertise_client;
     node_config.peer_urls = peer_urls;
     node_config.heartbeat_interval = Duration::from_millis(args.heartbeat_interval);
@@ -402,6 +403,18 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
             return Err(e.into());
         }
     };
+    let dashboard = crate::ui::router(crate::ui::DashboardConfig {
+        endpoints: dashboard_endpoints,
+        tls: client_tls_for_peers(&args),
+        auth_enabled: {
+            let node = node.clone();
+            Arc::new(move || node.read(|sm| sm.auth_enabled()))
+        },
+        secure_cookie: client_listeners
+            .iter()
+            .any(|l| !matches!(l.security, Security::Plain)),
+        own_metrics_urls: metrics_addrs.iter().map(|a| http_url_of(*a)).collect(),
+    });
     // etcd: minTTL = ceil(1.5 × election timeout).
     let min_lease_ttl_s = ((election_timeout.as_millis() as u64 * 3).div_ceil(2000) as i64).max(1);
     let shared = baton_server::Shared {
@@ -415,6 +428,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
             ),
             max_concurrent_streams: args.max_concurrent_streams,
             auth,
+            http_extension: Some(dashboard),
         },
     };
     // A member removed from the cluster stops serving (as etcd does): it would otherwise
@@ -441,6 +455,17 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         anyhow::bail!(baton_raft::REMOVED_MESSAGE);
     }
     Ok(())
+}
+
+/// `http://` URL of a listening address, as this process reaches it (a wildcard address
+/// through the loopback of its family).
+fn http_url_of(addr: SocketAddr) -> String {
+    let ip = match addr.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
+        ip => ip,
+    };
+    format!("http://{}", SocketAddr::new(ip, addr.port()))
 }
 
 /// The peer addresses to listen on and, for `https://` ones, the TLS transport.

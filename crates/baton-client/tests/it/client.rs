@@ -213,3 +213,61 @@ async fn server_kind_is_detected() {
         .unwrap();
     assert_eq!(e.server_kind().await.unwrap(), ServerKind::Etcd);
 }
+
+/// A token from `authenticate`, given with `with_token`, reads as its user (the server's
+/// permission checks apply); a token the server does not know is refused and says so; the
+/// token never shows in the configuration's `Debug`.
+#[tokio::test]
+async fn a_token_from_authenticate_reads_as_its_user() {
+    use baton_client::proto::authpb;
+    use baton_client::testing::{Flavor, TestServer};
+    let server = TestServer::start(Flavor::Baton);
+    let admin = Client::connect(ClientConfig::new([server.endpoint()]))
+        .await
+        .unwrap();
+    for (user, password) in [("root", "rootpw"), ("alice", "alicepw")] {
+        admin.user_add(user, Some(password)).await.unwrap();
+    }
+    admin.user_grant_role("root", "root").await.unwrap();
+    admin.role_add("reader").await.unwrap();
+    let perm = authpb::Permission {
+        perm_type: authpb::permission::Type::Read as i32,
+        key: b"app/".to_vec(),
+        range_end: baton_client::prefix_end(b"app/"),
+    };
+    admin.role_grant_permission("reader", &perm).await.unwrap();
+    admin.user_grant_role("alice", "reader").await.unwrap();
+    admin.auth_enable().await.unwrap();
+    let root = Client::connect(ClientConfig::new([server.endpoint()]).with_user("root", "rootpw"))
+        .await
+        .unwrap();
+    root.put("app/x", "1", PutOptions::new()).await.unwrap();
+    root.put("secret", "2", PutOptions::new()).await.unwrap();
+
+    let anonymous = Client::connect(ClientConfig::new([server.endpoint()]))
+        .await
+        .unwrap();
+    let wrong = anonymous.authenticate("alice", "nope").await;
+    assert!(
+        matches!(&wrong, Err(Error::Server { message, .. }) if message.contains("authentication failed")),
+        "{wrong:?}"
+    );
+    let token = anonymous.authenticate("alice", "alicepw").await.unwrap();
+    let config = ClientConfig::new([server.endpoint()]).with_token(token.clone());
+    assert!(!format!("{config:?}").contains(&token), "{config:?}");
+    let alice = Client::connect(config).await.unwrap();
+    let got = alice.get("app/x", GetOptions::new()).await.unwrap();
+    assert_eq!(got.kvs[0].value, b"1");
+    let denied = alice.get("secret", GetOptions::new()).await;
+    assert!(
+        matches!(&denied, Err(Error::Server { message, .. }) if message.contains("permission denied")),
+        "{denied:?}"
+    );
+    assert!(!denied.unwrap_err().is_token_refused());
+
+    let forged = Client::connect(ClientConfig::new([server.endpoint()]).with_token("forged.1"))
+        .await
+        .unwrap();
+    let refused = forged.get("app/x", GetOptions::new()).await.unwrap_err();
+    assert!(refused.is_token_refused(), "{refused:?}");
+}

@@ -49,6 +49,18 @@ pub struct SagaLog {
     root: String,
 }
 
+/// What [`SagaLog::overview`] reads: a bounded part of a namespace's sagas.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SagaOverview {
+    /// Unfinished sagas (running, compensating, stuck), oldest first: at most the limit
+    /// asked for, taken from the open set in id order.
+    pub open: Vec<SagaRecord>,
+    /// Sagas in the open set in all (it may hold more than `open`).
+    pub open_total: u64,
+    /// The sagas written last, newest first, in any state.
+    pub recent: Vec<SagaRecord>,
+}
+
 /// Rounds of a compare-and-set loop before giving up ([`LogError::Contended`]).
 const CAS_ROUNDS: u32 = 32;
 
@@ -183,6 +195,80 @@ impl SagaLog {
         }
         out.sort_by_key(|r| r.created_ms);
         Ok(out)
+    }
+
+    /// A bounded look at the namespace for operators' screens (Baton's dashboard): the first
+    /// `open_limit` unfinished sagas of the open set (by id) with how many it holds in all,
+    /// and the `recent_limit` sagas written last, newest first, whatever their state. At
+    /// most `open_limit + recent_limit` records are read, however many the namespace has.
+    pub async fn overview(
+        &self,
+        open_limit: usize,
+        recent_limit: usize,
+    ) -> Result<SagaOverview, SagaError> {
+        let prefix = self.open_prefix();
+        let marks = retry(|| async {
+            Ok(self
+                .client
+                .get(
+                    prefix.clone(),
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_keys_only()
+                        .with_limit(open_limit.max(1) as i64),
+                )
+                .await?)
+        })
+        .await?;
+        let keys: Vec<String> = marks
+            .kvs
+            .iter()
+            .take(open_limit)
+            .map(|kv| self.key(&String::from_utf8_lossy(&kv.key[prefix.len()..])))
+            .collect();
+        let mut open = Vec::with_capacity(keys.len());
+        // One transaction per chunk (etcd allows 128 operations in one).
+        for chunk in keys.chunks(64) {
+            let ops: Vec<Op> = chunk
+                .iter()
+                .map(|k| Op::get(k.clone(), GetOptions::new()))
+                .collect();
+            let r =
+                retry(|| async { Ok(self.client.txn(Txn::new().and_then(ops.clone())).await?) })
+                    .await?;
+            for i in 0..chunk.len() {
+                // A saga finished between the two reads has no record to show as open.
+                if let Some(kv) = range(&r, i).and_then(|r| r.kvs.first()) {
+                    open.push(decode::<SagaRecord>(&kv.key, &kv.value)?);
+                }
+            }
+        }
+        open.sort_by_key(|r| r.created_ms);
+        let all = format!("{}saga/", self.root);
+        let recent = retry(|| async {
+            Ok(self
+                .client
+                .get(
+                    all.clone(),
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_sort(SortTarget::Mod, SortOrder::Descend)
+                        .with_limit(recent_limit.max(1) as i64),
+                )
+                .await?)
+        })
+        .await?;
+        let recent = recent
+            .kvs
+            .iter()
+            .take(recent_limit)
+            .map(|kv| decode::<SagaRecord>(&kv.key, &kv.value))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(SagaOverview {
+            open,
+            open_total: marks.count.max(0) as u64,
+            recent,
+        })
     }
 
     /// Reads saga `id`, asks `f` for the record to write in its place (in practice

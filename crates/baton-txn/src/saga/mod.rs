@@ -92,7 +92,7 @@ pub use def::{
 pub use error::SagaError;
 #[cfg(feature = "postgres")]
 pub use fence::{FenceAction, FenceRecord, FenceUndo, StepFence};
-pub use log::SagaLog;
+pub use log::{SagaLog, SagaOverview};
 pub use orchestrator::{Orchestrator, OrchestratorConfig, SagaEvent};
 pub use record::{
     AuditEntry, OperatorAction, Phase, PhaseRecord, PhaseState, SagaRecord, SagaStatus, StepRecord,

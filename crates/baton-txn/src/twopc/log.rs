@@ -332,6 +332,32 @@ impl BatonDecisionLog {
         Ok(Some(rec))
     }
 
+    /// The first `limit` open transactions (by id, so oldest first), with how many are open
+    /// in all: a bounded [`DecisionLog::open`] for operators' screens (Baton's dashboard).
+    pub async fn open_page(&self, limit: usize) -> Result<(Vec<TxRecord>, u64), LogError> {
+        let prefix = format!("{}open/", self.root);
+        let r = retry(|| async {
+            Ok(self
+                .client
+                .get(
+                    prefix.clone(),
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_keys_only()
+                        .with_limit(limit.max(1) as i64),
+                )
+                .await?)
+        })
+        .await?;
+        let ids: Vec<TxId> = r
+            .kvs
+            .iter()
+            .take(limit)
+            .filter_map(|kv| tx_of_key(&kv.key[prefix.len()..]))
+            .collect();
+        Ok((self.read_many(ids).await?, r.count.max(0) as u64))
+    }
+
     async fn read_many(&self, ids: Vec<TxId>) -> Result<Vec<TxRecord>, LogError> {
         let mut out = Vec::with_capacity(ids.len());
         for tx in ids {

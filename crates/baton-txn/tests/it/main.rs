@@ -8,6 +8,7 @@ mod idempotency;
 mod inbox;
 mod mariadb_xa;
 mod outbox;
+mod overview;
 mod relay_amqp;
 mod relay_ha;
 mod relay_nats;

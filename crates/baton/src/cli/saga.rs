@@ -210,7 +210,7 @@ fn parse_step(rec: &SagaRecord, text: &str) -> Result<usize> {
 
 /// The step a saga is at, for the listing: `(index, attempts, last error)` of the step in
 /// progress — the forward step while running, the compensation while compensating or stuck.
-fn current(rec: &SagaRecord) -> Option<(usize, u32, Option<&str>)> {
+pub(crate) fn current(rec: &SagaRecord) -> Option<(usize, u32, Option<&str>)> {
     match &rec.status {
         SagaStatus::Running => rec
             .steps

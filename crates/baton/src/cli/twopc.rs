@@ -207,7 +207,7 @@ fn parse_target(text: &str, namespace: &str) -> Result<TxId> {
     text.parse().map_err(|e| anyhow!("{e}"))
 }
 
-fn state_name(s: TxState) -> &'static str {
+pub(crate) fn state_name(s: TxState) -> &'static str {
     match s {
         TxState::Preparing => "preparing",
         TxState::Committing => "committing",
@@ -241,14 +241,14 @@ fn branch_state_name(s: BranchState) -> &'static str {
 
 /// When the transaction began: its intent's time, or (no intent: a prepared branch the log
 /// never had an intent for) the time in its id.
-fn created_ms(rec: &TxRecord) -> u64 {
+pub(crate) fn created_ms(rec: &TxRecord) -> u64 {
     rec.intent
         .as_ref()
         .map_or_else(|| rec.tx.created_ms(), |i| i.created_ms)
 }
 
 /// `(final, total)` branches.
-fn progress(rec: &TxRecord) -> (usize, usize) {
+pub(crate) fn progress(rec: &TxRecord) -> (usize, usize) {
     let ids = rec.branch_ids();
     let done = ids
         .iter()

@@ -29,3 +29,4 @@ mod monitoring;
 mod peer_tls;
 mod steady_state;
 mod tls;
+mod ui;

@@ -117,6 +117,112 @@ fn client_cert_auth_takes_only_trusted_unrevoked_certificates() {
     );
 }
 
+/// etcd's `CommonName-root.crt` is a self-signed `CA:TRUE` certificate; its e2e suite uses
+/// it as the server's certificate, the client's and the trusted CA at once. Go accepts a
+/// client certificate that is itself a trust anchor, webpki alone does not: Baton accepts
+/// it exactly when it is one of `--trusted-ca-file`'s certificates and not revoked.
+#[test]
+fn a_trusted_ca_certificate_is_accepted_as_its_own_client_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, key) = (
+        fixture("CommonName-root.crt"),
+        fixture("CommonName-root.key"),
+    );
+    let own = |extra: &[String]| {
+        let mut flags: Vec<String> = vec![
+            "--cert-file".into(),
+            root.clone(),
+            "--key-file".into(),
+            key.clone(),
+            "--trusted-ca-file".into(),
+            root.clone(),
+            "--client-cert-auth".into(),
+        ];
+        flags.extend_from_slice(extra);
+        flags
+    };
+    let as_root: Vec<String> = ["--cacert", &root, "--cert", &root, "--key", &key]
+        .map(String::from)
+        .to_vec();
+    let b = Baton::start_on(
+        &dir.path().join("anchor"),
+        "https://127.0.0.1:{port}",
+        &args(&own(&[])),
+    );
+    assert_eq!(ok(&tls_ctl(&b, &as_root, &["put", "k", "v"])).trim(), "OK");
+    assert_eq!(
+        ok(&tls_ctl(&b, &as_root, &["get", "k", "--print-value-only"])).trim(),
+        "v"
+    );
+    drop(b);
+
+    // Where it is not a trust anchor, a CA certificate is no client certificate.
+    let other = Baton::start_on(
+        &dir.path().join("other-ca"),
+        "https://127.0.0.1:{port}",
+        &args(&mtls_args()),
+    );
+    let foreign = [
+        vec!["--cacert".to_string(), fixture("ca.crt")],
+        as_root[2..].to_vec(),
+    ]
+    .concat();
+    let out = tls_ctl(&other, &foreign, &["get", "k"]);
+    assert_ne!(out.code, 0, "a CA certificate from another CA was served");
+    drop(other);
+
+    // Revoked by serial in --client-crl-file, it is refused like any revoked certificate.
+    let crl = revocation_list_of_itself(dir.path(), &root, &key);
+    let revoked = Baton::start_on(
+        &dir.path().join("revoked"),
+        "https://127.0.0.1:{port}",
+        &args(&own(&["--client-crl-file".to_string(), crl])),
+    );
+    let out = tls_ctl(&revoked, &as_root, &["get", "k"]);
+    assert_ne!(out.code, 0, "a revoked anchor certificate was served");
+}
+
+/// A CRL signed by the self-signed `cert` revoking `cert` itself, made with the openssl
+/// command (`openssl ca` needs a database file and a config).
+fn revocation_list_of_itself(dir: &std::path::Path, cert: &str, key: &str) -> String {
+    let ca = dir.join("openssl-ca");
+    std::fs::create_dir_all(&ca).unwrap();
+    std::fs::write(ca.join("index.txt"), "").unwrap();
+    std::fs::write(ca.join("crlnumber"), "01\n").unwrap();
+    // A CRL number (and so a v2 CRL, the only version webpki reads) and the issuer's key id.
+    std::fs::write(
+        ca.join("ca.cnf"),
+        format!(
+            "[ca]\ndefault_ca = own\n[own]\ndatabase = {db}\ncrlnumber = {n}\n\
+             default_md = sha256\ndefault_crl_days = 30\ncrl_extensions = crl_ext\n\
+             [crl_ext]\nauthorityKeyIdentifier = keyid:always\n",
+            db = ca.join("index.txt").display(),
+            n = ca.join("crlnumber").display(),
+        ),
+    )
+    .unwrap();
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .output()
+            .expect("the openssl command (Debian's openssl) is needed");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let cnf = ca.join("ca.cnf").display().to_string();
+    let crl = ca.join("self.crl").display().to_string();
+    openssl(&[
+        "ca", "-config", &cnf, "-keyfile", key, "-cert", cert, "-revoke", cert,
+    ]);
+    openssl(&[
+        "ca", "-config", &cnf, "-keyfile", key, "-cert", cert, "-gencrl", "-out", &crl,
+    ]);
+    crl
+}
+
 #[test]
 fn one_port_serves_http_and_https() {
     let dir = tempfile::tempdir().unwrap();

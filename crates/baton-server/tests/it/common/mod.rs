@@ -44,6 +44,7 @@ impl Server {
                 watch_progress_interval: Duration::from_secs(600),
                 max_concurrent_streams: baton_server::transport::DEFAULT_MAX_CONCURRENT_STREAMS,
                 auth: baton_server::auth::Authenticator::default(),
+                http_extension: None,
             },
         };
         let engine = LockEngine::new(shared.clone());
