@@ -50,9 +50,23 @@ pub fn install_recorder() -> Result<PrometheusHandle, BuildError> {
     Ok(handle)
 }
 
+/// How often a scrape yields before it reads anything (see [`render`]).
+const SETTLE_YIELDS: usize = 3;
+
 /// Refreshes what is read at scrape time, then renders everything in Prometheus' text
 /// format.
+///
+/// It first yields a few times: tokio runs the tasks already woken (and polls its I/O
+/// driver) before a yielded task runs again, so a connection its client closed just before
+/// the scrape — `etcdctl watch` killed, then `curl /metrics`, as etcd's e2e test does — is
+/// torn down and its stream counted as `Canceled` first (the connection's task reads the
+/// EOF, the stream's task drops the response). Without it, on a busy runtime (one worker by
+/// default on two cores) the scrape could be served first and miss it, where etcd's handler
+/// has returned long before.
 pub async fn render(shared: &Shared, handle: &PrometheusHandle) -> String {
+    for _ in 0..SETTLE_YIELDS {
+        tokio::task::yield_now().await;
+    }
     refresh::refresh(shared).await;
     process().collect();
     handle.render()
