@@ -120,9 +120,8 @@ fn ops_from_pb(ops: Vec<pb::RequestOp>) -> Result<Vec<core::RequestOp>, tonic::S
                 Ok(core::RequestOp::DeleteRange(delete_from_pb(d)))
             }
             Some(Request::RequestTxn(t)) => Ok(core::RequestOp::Txn(txn_from_pb(t)?)),
-            None => Err(tonic::Status::invalid_argument(
-                "etcdserver: txn request operation is not provided",
-            )),
+            // etcd 3.4's checkRequestOp answers an empty op with ErrGRPCKeyNotFound.
+            None => Err(crate::errors::kv_status(&baton_core::KvError::KeyNotFound)),
         })
         .collect()
 }

@@ -4,7 +4,8 @@
 //! Errors are etcd's: `election: no leader`, `election: not leader` and `"leader" field must
 //! be provided` are plain Go errors in etcd's server, which gRPC sends with code `Unknown`;
 //! Baton sends the same code and text because clients match the text. As for locks,
-//! `lease = 0` is refused and the lease is re-checked before leadership is granted.
+//! `lease = 0` campaigns with a lease of the call's own ([`CallSession`], as etcd's server
+//! opens a session) and the lease is re-checked before leadership is granted.
 
 use std::pin::Pin;
 
@@ -18,6 +19,7 @@ use futures::Stream;
 use tokio::sync::mpsc;
 use tonic::{Request, Status};
 
+use crate::call_session::CallSession;
 use crate::convert::kv_to_pb;
 use crate::errors::{kv_status, ELECTION_MISSING_LEADER, ELECTION_NOT_LEADER, ELECTION_NO_LEADER};
 use crate::kv::check_size;
@@ -186,11 +188,17 @@ impl pb::election_server::Election for ElectionService {
             .shared()
             .check_lock(&caller, baton_core::PermType::Write, &req.name)?;
         check_size(&req)?;
+        let session = match req.lease {
+            0 => Some(CallSession::open(self.engine.shared()).await?),
+            _ => None,
+        };
         let held = self
             .engine
             .acquire(AcquireSpec {
                 name: req.name.clone(),
-                lease: LeaseId(req.lease),
+                lease: session
+                    .as_ref()
+                    .map_or(LeaseId(req.lease), CallSession::lease),
                 value: req.value,
                 timeout: None,
                 try_only: false,
@@ -199,6 +207,9 @@ impl pb::election_server::Election for ElectionService {
                 api: "election",
             })
             .await?;
+        if let Some(session) = session {
+            session.hand_over();
+        }
         let shared = self.engine.shared();
         Ok(tonic::Response::new(pb::CampaignResponse {
             header: Some(shared.header_at(held.revision, held.raft_term)),

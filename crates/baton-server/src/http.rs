@@ -1,10 +1,13 @@
 //! HTTP endpoints beside the gRPC API: `/health` (etcd's JSON shape), `/metrics`
-//! (Prometheus text) and `/version`.
+//! (Prometheus text) and `/version`, served on every client port and every
+//! `--listen-metrics-urls` listener; the client port adds the JSON gateway's routes.
+//! Answers are etcd 3.4's, bodies and statuses alike (a path nothing serves: Go's
+//! `404 page not found`).
 
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::routing::{any, get};
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 
@@ -21,9 +24,10 @@ struct HttpState {
 pub fn router(shared: Shared, metrics: PrometheusHandle) -> Router {
     let extension = shared.config.http_extension.clone();
     let routes = Router::new()
-        .route("/health", get(health))
-        .route("/metrics", get(render_metrics))
-        .route("/version", get(version))
+        .route("/health", get(health).fallback(method_not_allowed))
+        .route("/metrics", any(render_metrics))
+        .route("/version", get(version).fallback(method_not_allowed))
+        .fallback(not_found)
         .with_state(HttpState { shared, metrics });
     match extension {
         Some(extension) => routes.merge(extension),
@@ -31,36 +35,75 @@ pub fn router(shared: Shared, metrics: PrometheusHandle) -> Router {
     }
 }
 
-/// Healthy when no alarm is raised, this member has a leader and a linearizable read goes
-/// through, as etcd's `/health` (which does a quorum read) reports; a raised alarm answers
-/// as etcd 3.5 does (`"reason":"ALARM NOSPACE"`, 503).
-async fn health(State(st): State<HttpState>) -> impl IntoResponse {
-    let alarm = st
-        .shared
-        .node
-        .read(|sm| sm.alarms().first().map(|(_, a)| a.name()));
-    if let Some(name) = alarm {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(r#"{{"health":"false","reason":"ALARM {name}"}}"#),
-        );
-    }
-    let ok = st.shared.node.status().leader_id.is_some()
-        && tokio::time::timeout(std::time::Duration::from_secs(2), st.shared.read_barrier())
+/// Go's `http.Error`: the text and a newline, as plain text.
+fn go_http_error(status: StatusCode, text: &str) -> axum::response::Response {
+    (
+        status,
+        [
+            ("content-type", "text/plain; charset=utf-8"),
+            ("x-content-type-options", "nosniff"),
+        ],
+        format!("{text}\n"),
+    )
+        .into_response()
+}
+
+async fn not_found() -> axum::response::Response {
+    go_http_error(StatusCode::NOT_FOUND, "404 page not found")
+}
+
+/// `/health` and `/version` take GET only (etcd: 405 with `Allow: GET`).
+async fn method_not_allowed() -> axum::response::Response {
+    let mut response = go_http_error(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed");
+    response
+        .headers_mut()
+        .insert("allow", http::HeaderValue::from_static("GET"));
+    response
+}
+
+/// `/health?exclude=NOSPACE&exclude=…`: the alarms the caller does not count.
+fn excluded_alarms(query: Option<&str>) -> Vec<&str> {
+    query
+        .unwrap_or_default()
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .filter(|(key, _)| *key == "exclude")
+        .map(|(_, alarm)| alarm)
+        .collect()
+}
+
+/// How long `/health`'s linearizable read may take (etcd's QGET: 1 s).
+const HEALTH_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// etcd 3.4's `/health`: `{"health":"true"}` when no alarm is raised (but those in
+/// `?exclude=`), this member has a leader and a linearizable read goes through within a
+/// second; else 503 with `{"health":"false"}` (as Go's `http.Error` writes it: plain text, a
+/// newline).
+async fn health(
+    State(st): State<HttpState>,
+    RawQuery(query): RawQuery,
+) -> axum::response::Response {
+    let exclude = excluded_alarms(query.as_deref());
+    let alarmed = st.shared.node.read(|sm| {
+        sm.alarms()
+            .iter()
+            .any(|(_, a)| !exclude.contains(&a.name()))
+    });
+    let healthy = !alarmed
+        && st.shared.node.status().leader_id.is_some()
+        && tokio::time::timeout(HEALTH_READ_TIMEOUT, st.shared.read_barrier())
             .await
-            .map(|r| r.is_ok())
-            .unwrap_or(false);
-    crate::monitor::health_checked(ok);
-    if ok {
+            .is_ok_and(|r| r.is_ok());
+    crate::monitor::health_checked(healthy);
+    if healthy {
         (
             StatusCode::OK,
-            r#"{"health":"true","reason":""}"#.to_string(),
+            [("content-type", "text/plain; charset=utf-8")],
+            r#"{"health":"true"}"#,
         )
+            .into_response()
     } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            r#"{"health":"false","reason":"no leader or quorum read failed"}"#.to_string(),
-        )
+        go_http_error(StatusCode::SERVICE_UNAVAILABLE, r#"{"health":"false"}"#)
     }
 }
 
@@ -72,12 +115,13 @@ async fn render_metrics(State(st): State<HttpState>) -> impl IntoResponse {
     )
 }
 
+/// etcd's `/version` shape: the server's version and the cluster's (major.minor.0).
 async fn version() -> impl IntoResponse {
+    let (major_minor, _) = ETCD_API_VERSION
+        .rsplit_once('.')
+        .expect("a major.minor.patch version");
     (
         [("content-type", "application/json")],
-        format!(
-            r#"{{"etcdserver":"{ETCD_API_VERSION}","etcdcluster":"3.5.0","baton":"{}"}}"#,
-            env!("CARGO_PKG_VERSION")
-        ),
+        format!(r#"{{"etcdserver":"{ETCD_API_VERSION}","etcdcluster":"{major_minor}.0"}}"#),
     )
 }

@@ -1,7 +1,8 @@
 //! # baton-server
 //!
 //! Baton's network face: the etcd v3 gRPC services over one [`baton_raft::Node`], HTTP
-//! `/health`, `/metrics` and `/version`, and the single table that maps internal errors to
+//! `/health`, `/metrics` and `/version`, etcd's JSON gateway ([`gateway`]) beside gRPC on
+//! every client port ([`protocol`]), and the single table that maps internal errors to
 //! etcd's exact status codes and messages ([`errors`]).
 //!
 //! Locks, elections and fencing (`v3lock`, `election`, `baton_v1`) share one engine,
@@ -15,13 +16,16 @@ mod access;
 mod anchor_leaf;
 pub mod auth;
 pub mod auth_service;
+pub mod authority;
 pub mod baton_v1;
+mod call_session;
 pub mod cluster;
 pub mod conn;
 pub mod convert;
 pub mod election;
 pub mod errors;
 pub mod exactly_once;
+pub mod gateway;
 pub mod http;
 pub mod kv;
 pub mod learner_layer;
@@ -31,6 +35,7 @@ pub mod maintenance;
 pub mod metrics_layer;
 pub mod monitor;
 pub mod peer_tls;
+pub mod protocol;
 pub mod recv_limit_layer;
 mod shared;
 pub mod tls;
@@ -41,13 +46,10 @@ pub mod watch;
 use std::net::SocketAddr;
 
 pub use access::Caller;
-pub use shared::{ServerConfig, Shared};
+pub use shared::{ServerConfig, Shared, MAX_GRPC_RECV_BYTES};
 
-/// etcd's gRPC receive limit: the request limit plus 512 KiB of framing headroom.
-pub const MAX_GRPC_RECV_BYTES: usize = baton_core::MAX_REQUEST_BYTES + 512 * 1024;
-
-/// Serves the gRPC API on every client address and HTTP on every metrics address until
-/// `shutdown` resolves.
+/// Serves gRPC, the JSON gateway and HTTP on every client address, and HTTP on every metrics
+/// address, until `shutdown` resolves.
 pub async fn serve(
     shared: Shared,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
@@ -73,12 +75,22 @@ pub async fn serve_with_locks(
 
     let mut tasks = tokio::task::JoinSet::new();
     for client in shared.config.client_listeners.clone() {
-        let addr = client.addr;
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|source| ServeError::Bind { addr, source })?;
-        let incoming = transport::Incoming::with_security(listener, client.security);
-        let router = grpc_router(&shared, &locks);
+        let incoming = bind(&client).await?;
+        let routes = grpc_routes(&shared, &locks);
+        let gateway = gateway::Gateway::new(
+            gateway_stack(&shared, routes.clone()),
+            shared.config.max_concurrent_streams,
+        );
+        let http = http::router(shared.clone(), metrics.clone()).merge(gateway.router());
+        let router = transport::server_builder(shared.config.max_concurrent_streams)
+            .accept_http1(true)
+            .layer(protocol::ProtocolSplitLayer::new(http))
+            .layer(metrics_layer::GrpcMetricsLayer)
+            .layer(learner_layer::LearnerGuardLayer {
+                node: shared.node.clone(),
+            })
+            .layer(recv_limit_layer::RecvLimitLayer)
+            .add_routes(routes);
         let mut stop = stop_rx.clone();
         tasks.spawn(async move {
             router
@@ -89,15 +101,17 @@ pub async fn serve_with_locks(
                 .map_err(|e| ServeError::Transport(e.to_string()))
         });
     }
-    for addr in shared.config.metrics_addrs.clone() {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|source| ServeError::Bind { addr, source })?;
-        let app = http::router(shared.clone(), metrics.clone());
+    for listener in shared.config.metrics_listeners.clone() {
+        let incoming = bind(&listener).await?;
+        let http = http::router(shared.clone(), metrics.clone());
+        let router = transport::server_builder(shared.config.max_concurrent_streams)
+            .accept_http1(true)
+            .layer(protocol::ProtocolSplitLayer::http_only(http))
+            .add_routes(tonic::service::Routes::default());
         let mut stop = stop_rx.clone();
         tasks.spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
+            router
+                .serve_with_incoming_shutdown(incoming, async move {
                     let _ = stop.wait_for(|s| *s).await;
                 })
                 .await
@@ -107,7 +121,7 @@ pub async fn serve_with_locks(
     tracing::info!(
         client = ?shared.config.client_listeners.iter().map(|l| l.addr).collect::<Vec<_>>(),
         tls = ?shared.config.client_listeners.iter().map(|l| l.security.clone()).collect::<Vec<_>>(),
-        metrics = ?shared.config.metrics_addrs,
+        metrics = ?shared.config.metrics_listeners.iter().map(|l| l.addr).collect::<Vec<_>>(),
         "serving"
     );
     // Once told to stop, connections get SHUTDOWN_GRACE to finish; streams that never end by
@@ -138,6 +152,18 @@ pub async fn serve_with_locks(
     }
 }
 
+/// A listener's accepted connections (TLS as its URLs say).
+async fn bind(listener: &conn::ClientListener) -> Result<transport::Incoming, ServeError> {
+    let addr = listener.addr;
+    let tcp = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr, source })?;
+    Ok(transport::Incoming::with_security(
+        tcp,
+        listener.security.clone(),
+    ))
+}
+
 /// How long a stopping member waits for its client connections to finish their calls.
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -151,12 +177,39 @@ pub type GrpcLayers = tower::layer::util::Stack<
     >,
 >;
 
-/// The gRPC router of every client-facing service over `shared` and `locks`; [`serve`] runs
-/// it on TCP listeners, a simulation (`baton-sim`) on its own simulated connections.
+/// The gRPC router of every client-facing service over `shared` and `locks`, with the gRPC
+/// layers; a simulation (`baton-sim`) serves it on its own simulated connections.
 pub fn grpc_router(
     shared: &Shared,
     locks: &locks::LockEngine,
 ) -> tonic::transport::server::Router<GrpcLayers> {
+    transport::server_builder(shared.config.max_concurrent_streams)
+        .layer(metrics_layer::GrpcMetricsLayer)
+        .layer(learner_layer::LearnerGuardLayer {
+            node: shared.node.clone(),
+        })
+        .layer(recv_limit_layer::RecvLimitLayer)
+        .add_routes(grpc_routes(shared, locks))
+}
+
+/// The gRPC stack [`serve`] runs on a client port, as the JSON gateway calls it: the same
+/// layers, in the same order, around the same services.
+fn gateway_stack(shared: &Shared, routes: tonic::service::Routes) -> gateway::GrpcService {
+    use tower::ServiceExt as _;
+    let stack = tower::ServiceBuilder::new()
+        .map_request(|request: ::http::Request<tonic::body::Body>| request)
+        .layer(metrics_layer::GrpcMetricsLayer)
+        .layer(learner_layer::LearnerGuardLayer {
+            node: shared.node.clone(),
+        })
+        .layer(recv_limit_layer::RecvLimitLayer)
+        .service(routes)
+        .map_response(|response: ::http::Response<_>| response.map(tonic::body::Body::new));
+    tower::util::BoxCloneSyncService::new(stack)
+}
+
+/// Every client-facing gRPC service over `shared` and `locks`, each with its message limits.
+pub fn grpc_routes(shared: &Shared, locks: &locks::LockEngine) -> tonic::service::Routes {
     use baton_proto::baton::v1::{
         exactly_once_server::ExactlyOnceServer, fence_server::FenceServer, lock_server::LockServer,
     };
@@ -168,78 +221,72 @@ pub fn grpc_router(
     use baton_proto::v3electionpb::election_server::ElectionServer;
     use baton_proto::v3lockpb::lock_server::LockServer as V3LockServer;
 
-    transport::server_builder(shared.config.max_concurrent_streams)
-        .layer(metrics_layer::GrpcMetricsLayer)
-        .layer(learner_layer::LearnerGuardLayer {
-            node: shared.node.clone(),
+    tonic::service::Routes::new(
+        KvServer::new(kv::KvService {
+            shared: shared.clone(),
         })
-        .layer(recv_limit_layer::RecvLimitLayer)
-        .add_service(
-            KvServer::new(kv::KvService {
-                shared: shared.clone(),
-            })
-            .max_decoding_message_size(MAX_GRPC_RECV_BYTES)
-            .max_encoding_message_size(usize::MAX),
-        )
-        .add_service(
-            WatchServer::new(watch::WatchService {
-                shared: shared.clone(),
-            })
-            .max_decoding_message_size(MAX_GRPC_RECV_BYTES)
-            .max_encoding_message_size(usize::MAX),
-        )
-        .add_service(
-            LeaseServer::new(lease::LeaseService {
-                shared: shared.clone(),
-            })
+        .max_decoding_message_size(MAX_GRPC_RECV_BYTES)
+        .max_encoding_message_size(usize::MAX),
+    )
+    .add_service(
+        WatchServer::new(watch::WatchService {
+            shared: shared.clone(),
+        })
+        .max_decoding_message_size(MAX_GRPC_RECV_BYTES)
+        .max_encoding_message_size(usize::MAX),
+    )
+    .add_service(
+        LeaseServer::new(lease::LeaseService {
+            shared: shared.clone(),
+        })
+        .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
+    )
+    .add_service(
+        ClusterServer::new(cluster::ClusterService {
+            shared: shared.clone(),
+        })
+        .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
+    )
+    .add_service(
+        MaintenanceServer::new(maintenance::MaintenanceService {
+            shared: shared.clone(),
+        })
+        .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
+    )
+    .add_service(
+        AuthServer::new(auth_service::AuthService {
+            shared: shared.clone(),
+        })
+        .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
+    )
+    .add_service(
+        V3LockServer::new(v3lock::V3LockService {
+            engine: locks.clone(),
+        })
+        .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
+    )
+    .add_service(
+        ElectionServer::new(election::ElectionService {
+            engine: locks.clone(),
+        })
+        .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
+    )
+    .add_service(
+        LockServer::new(baton_v1::LockService::new(locks.clone()))
             .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
-        )
-        .add_service(
-            ClusterServer::new(cluster::ClusterService {
-                shared: shared.clone(),
-            })
-            .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
-        )
-        .add_service(
-            MaintenanceServer::new(maintenance::MaintenanceService {
-                shared: shared.clone(),
-            })
-            .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
-        )
-        .add_service(
-            AuthServer::new(auth_service::AuthService {
-                shared: shared.clone(),
-            })
-            .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
-        )
-        .add_service(
-            V3LockServer::new(v3lock::V3LockService {
-                engine: locks.clone(),
-            })
-            .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
-        )
-        .add_service(
-            ElectionServer::new(election::ElectionService {
-                engine: locks.clone(),
-            })
-            .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
-        )
-        .add_service(
-            LockServer::new(baton_v1::LockService::new(locks.clone()))
-                .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
-        )
-        .add_service(
-            FenceServer::new(baton_v1::FenceService {
-                engine: locks.clone(),
-            })
-            .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
-        )
-        .add_service(
-            ExactlyOnceServer::new(exactly_once::ExactlyOnceService {
-                shared: shared.clone(),
-            })
-            .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
-        )
+    )
+    .add_service(
+        FenceServer::new(baton_v1::FenceService {
+            engine: locks.clone(),
+        })
+        .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
+    )
+    .add_service(
+        ExactlyOnceServer::new(exactly_once::ExactlyOnceService {
+            shared: shared.clone(),
+        })
+        .max_decoding_message_size(MAX_GRPC_RECV_BYTES),
+    )
 }
 
 /// Why serving stopped early.

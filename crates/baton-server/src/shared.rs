@@ -3,7 +3,6 @@
 //! which lib.rs declares and starts, do not reach back into it (the tidy test
 //! `no_module_cycles`); lib.rs re-exports both types.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use baton_proto::etcdserverpb as pb;
@@ -13,14 +12,19 @@ use tonic::Status;
 use crate::conn::ClientListener;
 use crate::errors;
 
+/// etcd's gRPC receive limit: the request limit plus 512 KiB of framing headroom.
+pub const MAX_GRPC_RECV_BYTES: usize = baton_core::MAX_REQUEST_BYTES + 512 * 1024;
+
 /// What the server needs besides the replica.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Where to serve the etcd gRPC API, and whether in plain text, TLS or both.
+    /// Where to serve the etcd gRPC API, the JSON gateway and `/metrics`, `/health` and
+    /// `/version`, and whether in plain text, TLS or both.
     pub client_listeners: Vec<ClientListener>,
-    /// Addresses to serve `/metrics`, `/health` and `/version` on (in addition to nothing
-    /// else: the gRPC port does not multiplex HTTP/1).
-    pub metrics_addrs: Vec<SocketAddr>,
+    /// More listeners for `/metrics`, `/health` and `/version` alone
+    /// (`--listen-metrics-urls`; `https://` ones with the client port's TLS settings, as
+    /// etcd's).
+    pub metrics_listeners: Vec<ClientListener>,
     /// The smallest lease TTL granted, in seconds (etcd: ceil(1.5 × election timeout)).
     pub min_lease_ttl_s: i64,
     /// Interval of progress notifications for watchers that asked for them.

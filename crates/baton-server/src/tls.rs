@@ -207,7 +207,12 @@ pub fn server_config(settings: &TlsSettings) -> Result<Arc<rustls::ServerConfig>
     let mut config = builder
         .with_single_cert(chain, key)
         .map_err(|e| key_mismatch(settings, e))?;
-    config.alpn_protocols = vec![b"h2".to_vec()];
+    // The client port serves gRPC and HTTP/1.1 (health checks, the JSON gateway, curl) on
+    // one listener, as etcd's does; peers speak gRPC only.
+    config.alpn_protocols = match settings.port {
+        TlsPort::Client => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+        TlsPort::Peer => vec![b"h2".to_vec()],
+    };
     Ok(Arc::new(config))
 }
 
@@ -600,7 +605,16 @@ mod tests {
             ..Default::default()
         };
         let config = server_config(&settings).unwrap();
-        assert_eq!(config.alpn_protocols, vec![b"h2".to_vec()]);
+        assert_eq!(
+            config.alpn_protocols,
+            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+        );
+        let peer = server_config(&TlsSettings {
+            port: TlsPort::Peer,
+            ..settings.clone()
+        })
+        .unwrap();
+        assert_eq!(peer.alpn_protocols, vec![b"h2".to_vec()]);
         // A certificate where the key should be: refused, naming the flag.
         let swapped = TlsSettings {
             cert_file: Some(cert.clone()),

@@ -41,6 +41,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tonic::transport::server::Connected;
 
+use crate::authority::{AuthorityRewrite, Limits};
 use crate::conn::{self, ClientConnectInfo, ClientIo, Dialer, Security};
 
 /// HTTP/2 connection-level receive window (and so, through h2's automatic budget of half of
@@ -52,6 +53,15 @@ pub const STREAM_WINDOW_BYTES: u32 = 4 << 20;
 /// The largest header block accepted: tokens and metadata are a few KiB; hyper's default of
 /// 16 MiB per request would let one stream hold that much before any limit applies.
 pub const MAX_HEADER_LIST_BYTES: u32 = 1 << 20;
+/// The largest frame payload the server accepts (SETTINGS_MAX_FRAME_SIZE): HTTP/2's initial
+/// value, set explicitly because the `:authority` adaptor must refuse exactly the frames h2
+/// refuses ([`AUTHORITY_LIMITS`]).
+pub const MAX_FRAME_BYTES: u32 = 16_384;
+/// The settings the client port's `:authority` adaptor follows connections with.
+pub const AUTHORITY_LIMITS: Limits = Limits {
+    max_frame: MAX_FRAME_BYTES as usize,
+    max_header_list: MAX_HEADER_LIST_BYTES as usize,
+};
 /// Streams open at once per connection by default: etcd's `--max-concurrent-streams`
 /// default (`math.MaxUint32`). Memory stays bounded per connection by the windows above.
 pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = u32::MAX;
@@ -74,6 +84,7 @@ pub fn server_builder(max_concurrent_streams: u32) -> tonic::transport::Server {
         .http2_adaptive_window(Some(false))
         .max_concurrent_streams(max_concurrent_streams)
         .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
+        .max_frame_size(MAX_FRAME_BYTES)
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
 }
@@ -133,13 +144,14 @@ impl Incoming {
         let _ = stream.set_nodelay(true);
         let _ = socket2::SockRef::from(&stream)
             .set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(Duration::from_secs(60)));
+        let dialer = self.dialer;
         if let Security::Plain = self.security {
-            return Some(RecordedStream::new(ClientIo::Plain(stream), peer));
+            return Some(RecordedStream::new(ClientIo::Plain(stream), peer, dialer));
         }
         let security = self.security.clone();
         self.handshakes.push(Box::pin(
-            conn::establish(stream, peer, security, self.dialer)
-                .map(move |io| io.map(|io| RecordedStream::new(io, peer))),
+            conn::establish(stream, peer, security, dialer)
+                .map(move |io| io.map(|io| RecordedStream::new(io, peer, dialer))),
         ));
         None
     }
@@ -209,18 +221,24 @@ impl Stream for Incoming {
     }
 }
 
-/// An accepted client connection whose outgoing HTTP/2 frames are watched for GOAWAY (read
-/// above TLS, where the frames are plain).
+/// An accepted connection whose outgoing HTTP/2 frames are watched for GOAWAY (read above
+/// TLS, where the frames are plain) and, from a client, whose incoming `:authority` URLs are
+/// reduced to their authority ([`AuthorityRewrite`]; peers send none).
 pub struct RecordedStream {
-    inner: ClientIo,
+    inner: AuthorityRewrite<ClientIo>,
     recorder: GoAwayRecorder,
     info: ClientConnectInfo,
 }
 
 impl RecordedStream {
-    fn new(inner: ClientIo, peer: SocketAddr) -> Self {
+    fn new(inner: ClientIo, peer: SocketAddr, dialer: Dialer) -> Self {
+        let info = inner.connect_info();
+        let inner = match dialer {
+            Dialer::Client => AuthorityRewrite::new(inner, AUTHORITY_LIMITS),
+            Dialer::Peer => AuthorityRewrite::passthrough(inner),
+        };
         RecordedStream {
-            info: inner.connect_info(),
+            info,
             inner,
             recorder: GoAwayRecorder::new(peer),
         }
@@ -386,7 +404,9 @@ const FRAME_TYPE_GOAWAY: u8 = 0x7;
 
 /// Follows HTTP/2 frame boundaries through a server's outgoing byte stream, however the
 /// writes split it, and hands over each GOAWAY. A server writes no connection preface of its
-/// own (its first frame is SETTINGS), so the stream is frames from its first byte.
+/// own (its first frame is SETTINGS), so the stream is frames from its first byte. A
+/// connection whose first bytes are not a SETTINGS frame speaks HTTP/1.1 (the client port
+/// serves both) and is not scanned at all.
 #[derive(Debug, Default)]
 pub struct FrameScanner {
     header: [u8; FRAME_HEADER_BYTES],
@@ -395,12 +415,18 @@ pub struct FrameScanner {
     payload_left: usize,
     /// The GOAWAY being read, when the current frame is one.
     goaway: Option<Vec<u8>>,
+    /// The first frame header was read (and was SETTINGS).
+    started: bool,
+    /// Not HTTP/2: nothing to scan.
+    not_http2: bool,
 }
+
+const FRAME_TYPE_SETTINGS: u8 = 0x4;
 
 impl FrameScanner {
     /// Feeds the next bytes written; `found` is called for every GOAWAY completed.
     pub fn scan(&mut self, mut bytes: &[u8], mut found: impl FnMut(GoAway)) {
-        while !bytes.is_empty() {
+        while !bytes.is_empty() && !self.not_http2 {
             if self.payload_left == 0 && self.goaway.is_none() {
                 let take = (FRAME_HEADER_BYTES - self.header_len).min(bytes.len());
                 self.header[self.header_len..self.header_len + take]
@@ -412,6 +438,14 @@ impl FrameScanner {
                 }
                 self.header_len = 0;
                 let h = &self.header;
+                if !self.started {
+                    self.started = true;
+                    // SETTINGS on stream 0 opens every HTTP/2 server's output.
+                    if h[3] != FRAME_TYPE_SETTINGS || h[5..9] != [0, 0, 0, 0] {
+                        self.not_http2 = true;
+                        return;
+                    }
+                }
                 self.payload_left = u32::from_be_bytes([0, h[0], h[1], h[2]]) as usize;
                 if h[3] == FRAME_TYPE_GOAWAY {
                     self.goaway = Some(Vec::new());
@@ -507,8 +541,20 @@ mod tests {
     }
 
     #[test]
+    fn an_http1_connection_is_not_scanned() {
+        // HTTP/1.1 answers read as frame headers could take any type; none is reported.
+        let mut scanner = FrameScanner::default();
+        let mut found = Vec::new();
+        let mut stream = b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\n".to_vec();
+        stream.extend(goaway(1, 2, b"looks like one"));
+        scanner.scan(&stream, |g| found.push(g));
+        assert!(found.is_empty());
+    }
+
+    #[test]
     fn long_debug_data_is_cut_and_the_next_frame_still_found() {
-        let mut stream = goaway(1, 2, &[b'x'; 5000]);
+        let mut stream = frame(0x4, &[]);
+        stream.extend(goaway(1, 2, &[b'x'; 5000]));
         stream.extend(goaway(3, 0xb, b"too_many_resets"));
         let found = scan_in_pieces(&stream, 700);
         assert_eq!(found.len(), 2);
@@ -520,7 +566,8 @@ mod tests {
     fn a_truncated_goaway_payload_is_ignored() {
         // A GOAWAY shorter than its fixed 8 bytes is malformed; it must not be reported or
         // derail the frames after it.
-        let mut stream = frame(FRAME_TYPE_GOAWAY, &[0, 0, 0]);
+        let mut stream = frame(FRAME_TYPE_SETTINGS, &[]);
+        stream.extend(frame(FRAME_TYPE_GOAWAY, &[0, 0, 0]));
         stream.extend(goaway(9, 1, b""));
         assert_eq!(scan_in_pieces(&stream, 4).len(), 1);
     }

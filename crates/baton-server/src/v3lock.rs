@@ -1,8 +1,11 @@
 //! etcd's `v3lockpb.Lock` (Lock, Unlock) over the lock engine.
 //!
-//! Differences from etcd, on purpose: `lease = 0` is refused (etcd's server silently grants
-//! and orphans a 60 s lease, so the lock vanishes a minute later with nobody told:
-//! dotnet-etcd#321); an empty name is refused; the waiter's lease is re-checked before the
+//! `lease = 0` locks with a 60 s lease of the call's own, as etcd's server does
+//! ([`CallSession`]: kept alive while the call waits, named in the answer's key, left to
+//! expire once answered unless the caller keeps it alive — the lock then vanishes a minute
+//! later, dotnet-etcd#321; Baton's own `baton.v1.Lock` refuses `lease = 0` for that reason).
+//! Differences from etcd, on purpose: a call that fails or is abandoned revokes the lease it
+//! opened; an empty name is refused; the waiter's lease is re-checked before the
 //! lock is granted (etcd 3.4 does not: etcd#11456). The fencing token is the returned key's
 //! create revision, which etcd's response does not carry: read it with a Range of the key,
 //! or use `baton.v1.Lock`, which returns it by name.
@@ -11,6 +14,7 @@ use baton_core::{Command, DeleteRangeRequest, KeyRange, LeaseId, Response};
 use baton_proto::v3lockpb as pb;
 use tonic::{Request, Status};
 
+use crate::call_session::CallSession;
 use crate::errors::kv_status;
 use crate::kv::unexpected;
 use crate::locks::{AcquireSpec, LockEngine};
@@ -31,11 +35,17 @@ impl pb::lock_server::Lock for V3LockService {
         self.engine
             .shared()
             .check_lock(&caller, baton_core::PermType::Write, &req.name)?;
+        let session = match req.lease {
+            0 => Some(CallSession::open(self.engine.shared()).await?),
+            _ => None,
+        };
         let held = self
             .engine
             .acquire(AcquireSpec {
                 name: req.name,
-                lease: LeaseId(req.lease),
+                lease: session
+                    .as_ref()
+                    .map_or(LeaseId(req.lease), CallSession::lease),
                 value: Vec::new(),
                 timeout: None,
                 try_only: false,
@@ -44,6 +54,9 @@ impl pb::lock_server::Lock for V3LockService {
                 api: "v3lock",
             })
             .await?;
+        if let Some(session) = session {
+            session.hand_over();
+        }
         let shared = self.engine.shared();
         Ok(tonic::Response::new(pb::LockResponse {
             header: Some(shared.header_at(held.revision, held.raft_term)),

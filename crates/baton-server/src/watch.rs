@@ -141,6 +141,12 @@ impl Session {
         ticker.tick().await;
         let mut auth_ticker = tokio::time::interval(AUTH_RECHECK);
         auth_ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // A client that closes its side of the stream still gets its watchers' events, as
+        // from etcd (whose receive loop ends at EOF and leaves the stream open): a JSON
+        // gateway client sends its creates in a request body that ends at once. The session
+        // ends when the client goes away (the response stream is dropped).
+        let mut inbound_open = true;
+        let gone = self.tx.clone();
         loop {
             if self.pump_needed {
                 if self.pump().await.is_err() {
@@ -152,7 +158,7 @@ impl Session {
                 break;
             }
             tokio::select! {
-                msg = inbound.next() => match msg {
+                msg = inbound.next(), if inbound_open => match msg {
                     Some(Ok(req)) => {
                         if self.handle(req).await.is_err() {
                             break;
@@ -164,8 +170,9 @@ impl Session {
                         let _ = self.tx.send(Err(status)).await;
                         break;
                     }
-                    None => break,
+                    None => inbound_open = false,
                 },
+                _ = gone.closed() => break,
                 changed = revisions.changed() => {
                     if changed.is_err() {
                         break;

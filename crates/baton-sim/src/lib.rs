@@ -127,7 +127,7 @@ async fn member_main(ctx: Arc<Ctx>, i: usize) -> turmoil::Result {
         node,
         config: ServerConfig {
             client_listeners: Vec::new(),
-            metrics_addrs: Vec::new(),
+            metrics_listeners: Vec::new(),
             min_lease_ttl_s: 2,
             watch_progress_interval: Duration::from_secs(600),
             max_concurrent_streams: baton_server::transport::DEFAULT_MAX_CONCURRENT_STREAMS,

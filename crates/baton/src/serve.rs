@@ -33,16 +33,19 @@ pub struct ServeArgs {
     /// Directory for the Raft log, snapshots and member identity. Created if missing.
     #[arg(long, default_value = "./baton-data")]
     data_dir: PathBuf,
-    /// Comma-separated URLs to serve the etcd gRPC API on: `http://` in plain text,
-    /// `https://` with TLS (`--cert-file` and `--key-file`, or `--auto-tls`); one host:port
-    /// may be given with both schemes and then serves both, as etcd's does.
+    /// Comma-separated URLs to serve the etcd gRPC API, its JSON gateway (`/v3/…`) and
+    /// `/health`, `/metrics` and `/version` on: `http://` in plain text, `https://` with TLS
+    /// (`--cert-file` and `--key-file`, or `--auto-tls`); one host:port may be given with
+    /// both schemes and then serves both, as etcd's does.
     #[arg(long, default_value = "http://127.0.0.1:2379")]
     listen_client_urls: String,
     /// Comma-separated client URLs to advertise in the member list (default: the listen URLs).
     #[arg(long)]
     advertise_client_urls: Option<String>,
-    /// Comma-separated URLs for HTTP /metrics, /health and /version [default: none, as
-    /// etcd's; `scripts/start` serves them on http://127.0.0.1:2381].
+    /// Comma-separated URLs of more listeners for HTTP /metrics, /health and /version alone
+    /// (the client URLs serve them too) [default: none, as etcd's]; `https://` ones use the
+    /// client TLS flags (`--cert-file`, `--trusted-ca-file`, `--client-cert-auth`, …), as
+    /// etcd's do.
     #[arg(long, default_value = "")]
     listen_metrics_urls: String,
     /// Comma-separated URLs to serve the peer service (Raft, forwarding) on. Bound only in a
@@ -203,16 +206,6 @@ fn split_urls(list: &str) -> Vec<String> {
         .collect()
 }
 
-/// `http://host:port` → a socket address, for the URLs that are plain text only (metrics
-/// URLs: TLS there is not offered yet, so `https` is refused rather than served in plain
-/// text).
-fn url_to_addr(url: &str) -> Result<SocketAddr> {
-    match parse_url(url)? {
-        (false, addr, _) => Ok(addr),
-        (true, _, _) => bail!("{url}: TLS is not supported here yet; use an http:// URL"),
-    }
-}
-
 /// `http(s)://host:port` → (TLS?, the socket address, the host as written).
 fn parse_url(url: &str) -> Result<(bool, SocketAddr, String)> {
     let (tls, rest) = if let Some(rest) = url.strip_prefix("http://") {
@@ -238,43 +231,76 @@ fn parse_url(url: &str) -> Result<(bool, SocketAddr, String)> {
     Ok((tls, addr, host))
 }
 
-/// The client listeners for `--listen-client-urls`: each address plain, TLS or both, with the
-/// TLS configuration the flags describe (built only if some URL is `https://`).
-fn client_listeners(args: &ServeArgs, urls: &[String]) -> Result<Vec<ClientListener>> {
-    let mut by_addr: Vec<(SocketAddr, bool, bool)> = Vec::new();
-    let mut tls_hosts = Vec::new();
-    for url in urls {
-        let (tls, addr, host) = parse_url(url)?;
-        let entry = match by_addr.iter_mut().find(|(a, _, _)| *a == addr) {
-            Some(e) => e,
-            None => {
-                by_addr.push((addr, false, false));
-                by_addr.last_mut().expect("just pushed")
-            }
-        };
-        if tls {
-            entry.2 = true;
-            tls_hosts.push(host);
-        } else {
-            entry.1 = true;
-        }
-    }
+/// The listeners of `--listen-client-urls` and of `--listen-metrics-urls`: each address
+/// plain, TLS or both, with the one client TLS configuration the flags describe (built only
+/// if some URL of either is `https://`; etcd's metrics listeners use the client TLS
+/// settings too).
+fn client_and_metrics_listeners(
+    args: &ServeArgs,
+    client_urls: &[String],
+    metrics_urls: &[String],
+) -> Result<(Vec<ClientListener>, Vec<ClientListener>)> {
+    let client = by_address(client_urls)?;
+    let metrics = by_address(metrics_urls)?;
+    let tls_hosts: Vec<String> = client
+        .iter()
+        .chain(&metrics)
+        .flat_map(|a| a.tls_hosts.iter().cloned())
+        .collect();
     let config = if tls_hosts.is_empty() {
         None
     } else {
         Some(client_tls(args, &tls_hosts)?)
     };
-    Ok(by_addr
-        .into_iter()
-        .map(|(addr, plain, tls)| {
-            let security = match (&config, plain, tls) {
-                (Some(c), true, true) => Security::Both(c.clone()),
-                (Some(c), false, true) => Security::Tls(c.clone()),
-                _ => Security::Plain,
-            };
-            ClientListener { addr, security }
-        })
-        .collect())
+    let listeners = |addrs: Vec<AddressSchemes>| -> Vec<ClientListener> {
+        addrs
+            .into_iter()
+            .map(|a| {
+                let security = match (&config, a.plain, !a.tls_hosts.is_empty()) {
+                    (Some(c), true, true) => Security::Both(c.clone()),
+                    (Some(c), false, true) => Security::Tls(c.clone()),
+                    _ => Security::Plain,
+                };
+                ClientListener {
+                    addr: a.addr,
+                    security,
+                }
+            })
+            .collect()
+    };
+    Ok((listeners(client), listeners(metrics)))
+}
+
+/// One address of a URL list, and which schemes name it.
+struct AddressSchemes {
+    addr: SocketAddr,
+    plain: bool,
+    /// The hosts of its `https://` URLs (for `--auto-tls`'s certificate).
+    tls_hosts: Vec<String>,
+}
+
+fn by_address(urls: &[String]) -> Result<Vec<AddressSchemes>> {
+    let mut out: Vec<AddressSchemes> = Vec::new();
+    for url in urls {
+        let (tls, addr, host) = parse_url(url)?;
+        let at = match out.iter().position(|a| a.addr == addr) {
+            Some(at) => at,
+            None => {
+                out.push(AddressSchemes {
+                    addr,
+                    plain: false,
+                    tls_hosts: Vec::new(),
+                });
+                out.len() - 1
+            }
+        };
+        if tls {
+            out[at].tls_hosts.push(host);
+        } else {
+            out[at].plain = true;
+        }
+    }
+    Ok(out)
 }
 
 /// The client port's TLS configuration from etcd's flags.
@@ -288,7 +314,7 @@ fn client_tls(args: &ServeArgs, hosts: &[String]) -> Result<Arc<tls::ServerConfi
             (c, k)
         }
         _ => {
-            bail!("https client URLs need --cert-file and --key-file (or --auto-tls without them)")
+            bail!("https client or metrics URLs need --cert-file and --key-file (or --auto-tls without them)")
         }
     };
     let settings = tls::TlsSettings {
@@ -318,11 +344,11 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         .init();
 
     let listen_client = split_urls(&args.listen_client_urls);
-    let client_listeners = client_listeners(&args, &listen_client)?;
-    let metrics_addrs = split_urls(&args.listen_metrics_urls)
-        .iter()
-        .map(|u| url_to_addr(u))
-        .collect::<Result<Vec<_>>>()?;
+    let (client_listeners, metrics_listeners) = client_and_metrics_listeners(
+        &args,
+        &listen_client,
+        &split_urls(&args.listen_metrics_urls),
+    )?;
     let peer_listen = peer_listeners(&args)?;
     let peer_urls = split_urls(
         args.initial_advertise_peer_urls
@@ -413,7 +439,6 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         secure_cookie: client_listeners
             .iter()
             .any(|l| !matches!(l.security, Security::Plain)),
-        own_metrics_urls: metrics_addrs.iter().map(|a| http_url_of(*a)).collect(),
     });
     // etcd: minTTL = ceil(1.5 × election timeout).
     let min_lease_ttl_s = ((election_timeout.as_millis() as u64 * 3).div_ceil(2000) as i64).max(1);
@@ -421,7 +446,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         node: node.clone(),
         config: baton_server::ServerConfig {
             client_listeners,
-            metrics_addrs,
+            metrics_listeners,
             min_lease_ttl_s,
             watch_progress_interval: Duration::from_secs(
                 args.watch_progress_notify_interval.max(1),
@@ -455,17 +480,6 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         anyhow::bail!(baton_raft::REMOVED_MESSAGE);
     }
     Ok(())
-}
-
-/// `http://` URL of a listening address, as this process reaches it (a wildcard address
-/// through the loopback of its family).
-fn http_url_of(addr: SocketAddr) -> String {
-    let ip = match addr.ip() {
-        std::net::IpAddr::V4(ip) if ip.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
-        std::net::IpAddr::V6(ip) if ip.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
-        ip => ip,
-    };
-    format!("http://{}", SocketAddr::new(ip, addr.port()))
 }
 
 /// The peer addresses to listen on and, for `https://` ones, the TLS transport.

@@ -36,9 +36,30 @@ impl Server {
         (!r.kvs.is_empty()).then_some(r)
     }
 
+    /// Every key under `prefix`.
+    async fn get_prefix(&self, prefix: &[u8]) -> epb::RangeResponse {
+        epb::kv_client::KvClient::new(self.channel.clone())
+            .range(epb::RangeRequest {
+                key: prefix.to_vec(),
+                range_end: baton_core::prefix_end(prefix),
+                ..Default::default()
+            })
+            .await
+            .expect("range")
+            .into_inner()
+    }
+
     async fn value(&self, key: &[u8]) -> Option<Vec<u8>> {
         self.get(key).await.map(|r| r.kvs[0].value.clone())
     }
+}
+
+/// The lease a lock key `<prefix><lease in hex>` names.
+fn lease_of_key(key: &[u8], prefix: &[u8]) -> i64 {
+    let hex = key
+        .strip_prefix(prefix)
+        .expect("a key under the lock's prefix");
+    i64::from_str_radix(std::str::from_utf8(hex).unwrap(), 16).unwrap()
 }
 
 fn acquire(name: &str, lease: i64) -> bv1::AcquireRequest {
@@ -124,26 +145,34 @@ async fn two_hundred_waiters_drain_with_199_wakeups_in_fifo_order() {
     s.stop().await;
 }
 
+/// etcd's lock and election services with `lease = 0` open a 60 s lease of the call's own
+/// (etcd's server makes a `concurrency.Session`), named by the answer's key; Baton's own
+/// `baton.v1.Lock` refuses it. A call that is abandoned revokes the lease it opened.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lease_zero_and_unknown_leases_are_refused_everywhere() {
+async fn lease_zero_opens_a_call_lease_on_etcds_apis_and_unknown_leases_are_refused() {
     let s = Server::start().await;
-    let e = s
+    let locked = s
         .v3lock()
         .lock(lpb::LockRequest {
             name: b"l".to_vec(),
             lease: 0,
         })
         .await
-        .expect_err("lease 0");
-    assert_eq!(e.code(), Code::InvalidArgument);
-    assert!(e.message().contains("lease is required"), "{}", e.message());
-    let e = s
-        .locks()
-        .acquire(acquire("l", 0))
-        .await
-        .expect_err("lease 0");
-    assert_eq!(e.code(), Code::InvalidArgument);
-    let e = s
+        .expect("etcd's lock with lease 0")
+        .into_inner();
+    let lease = lease_of_key(&locked.key, b"l/");
+    assert!(
+        s.node
+            .read(|sm| sm.lease_ids().contains(&baton_core::LeaseId(lease))),
+        "the lock's key names a live lease"
+    );
+    let ttl = s
+        .node
+        .lease_remaining_s(baton_core::LeaseId(lease))
+        .unwrap();
+    assert!((55..=60).contains(&ttl), "a 60 s lease, {ttl} s left");
+
+    let campaign = s
         .election()
         .campaign(elpb::CampaignRequest {
             name: b"e".to_vec(),
@@ -151,8 +180,42 @@ async fn lease_zero_and_unknown_leases_are_refused_everywhere() {
             value: b"v".to_vec(),
         })
         .await
+        .expect("etcd's campaign with lease 0")
+        .into_inner();
+    let leader = campaign.leader.unwrap();
+    assert_ne!(leader.lease, 0);
+    assert_eq!(lease_of_key(&leader.key, b"e/"), leader.lease);
+
+    // A second campaign waits behind the leader; abandoned, its own lease is revoked and
+    // its key deleted.
+    let leases_before = s.node.read(|sm| sm.lease_ids().len());
+    let waiting = tokio::time::timeout(
+        Duration::from_millis(500),
+        s.election().campaign(elpb::CampaignRequest {
+            name: b"e".to_vec(),
+            lease: 0,
+            value: b"w".to_vec(),
+        }),
+    )
+    .await;
+    assert!(waiting.is_err(), "the second campaign waits");
+    eventually(
+        Duration::from_secs(5),
+        "the abandoned call's lease revoked",
+        || async { s.node.read(|sm| sm.lease_ids().len()) == leases_before },
+    )
+    .await;
+    let under = s.get_prefix(b"e/").await;
+    assert_eq!(under.count, 1, "only the leader's key: {under:?}");
+
+    // Baton's own lock API refuses lease 0.
+    let e = s
+        .locks()
+        .acquire(acquire("l2", 0))
+        .await
         .expect_err("lease 0");
     assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("lease is required"), "{}", e.message());
     // An unknown lease: etcd's own error.
     let e = s
         .v3lock()

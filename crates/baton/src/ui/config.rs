@@ -21,9 +21,6 @@ pub struct DashboardConfig {
     /// Mark the session cookie `Secure`: the member serves its client port over TLS, so a
     /// token set there must never travel over plain HTTP (a cookie ignores ports).
     pub secure_cookie: bool,
-    /// `/metrics` URLs of this member (its `--listen-metrics-urls`), where its watcher count
-    /// is read; other members' are read from their client URLs.
-    pub own_metrics_urls: Vec<String>,
 }
 
 impl std::fmt::Debug for DashboardConfig {
@@ -32,7 +29,6 @@ impl std::fmt::Debug for DashboardConfig {
             .field("endpoints", &self.endpoints)
             .field("tls", &self.tls)
             .field("secure_cookie", &self.secure_cookie)
-            .field("own_metrics_urls", &self.own_metrics_urls)
             .finish()
     }
 }

@@ -148,18 +148,11 @@ impl Reader {
 
     async fn members(&self) -> Result<Vec<MemberReading>, Error> {
         let list = self.main.member_list().await?;
-        let own_member = self
-            .main
-            .status()
-            .await
-            .ok()
-            .and_then(|s| s.header)
-            .map(|h| h.member_id);
         let readings = list.members.iter().take(MAX_MEMBERS).map(|m| async move {
             let url = m.client_ur_ls.first().cloned();
             let (status, watchers) = tokio::join!(
                 self.member_status(m.id, url.as_deref()),
-                self.watchers(m.id, Some(m.id) == own_member, &m.client_ur_ls)
+                self.watchers(m.id, &m.client_ur_ls)
             );
             Ok::<_, Error>(MemberReading {
                 id: m.id,
@@ -174,19 +167,14 @@ impl Reader {
     }
 
     /// A member's watcher count, read again once the last reading is [`WATCHERS_REFRESH`]
-    /// old: this member's from its metrics listeners, the others' from their client URLs.
-    async fn watchers(&self, id: u64, own: bool, client_urls: &[String]) -> Option<u64> {
+    /// old, from the `/metrics` its client URLs serve.
+    async fn watchers(&self, id: u64, client_urls: &[String]) -> Option<u64> {
         if let Some((at, n)) = self.watchers.lock().await.get(&id) {
             if at.elapsed() < WATCHERS_REFRESH {
                 return *n;
             }
         }
-        let urls = if own && !self.config.own_metrics_urls.is_empty() {
-            &self.config.own_metrics_urls[..]
-        } else {
-            client_urls
-        };
-        let n = scrape::watchers(urls, self.config.tls.as_ref()).await;
+        let n = scrape::watchers(client_urls, self.config.tls.as_ref()).await;
         self.watchers.lock().await.insert(id, (Instant::now(), n));
         n
     }

@@ -648,10 +648,15 @@ async fn health_and_metrics() {
     })
     .await
     .unwrap();
-    assert_eq!(
-        (code, body.as_str()),
-        (200, r#"{"health":"true","reason":""}"#)
-    );
+    assert_eq!((code, body.as_str()), (200, r#"{"health":"true"}"#));
+    // The client port answers HTTP too, beside gRPC.
+    let (code, body) = tokio::task::spawn_blocking({
+        let port = b.client_port;
+        move || http_get(port, "/health")
+    })
+    .await
+    .unwrap();
+    assert_eq!((code, body.as_str()), (200, r#"{"health":"true"}"#));
 
     let (code, body) = tokio::task::spawn_blocking({
         let port = b.metrics_port;

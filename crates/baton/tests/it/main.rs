@@ -2,6 +2,7 @@
 //! module is what was once a file of its own under tests/.
 
 mod auth;
+mod authority;
 mod bench_smoke;
 mod chaos;
 mod cli_kv;
@@ -13,6 +14,7 @@ mod common;
 mod datadir_v1;
 mod disk_full;
 mod durability;
+mod etcd3gw;
 mod etcd_client;
 mod etcd_parity;
 mod etcdctl;
@@ -20,6 +22,9 @@ mod etcdctl_locks;
 mod exactly_once;
 mod fence_keys;
 mod fencing;
+mod gateway;
+mod gateway_parity;
+mod gateway_readme;
 mod lease_safety;
 mod leases_failover;
 mod lock_cli;

@@ -13,9 +13,9 @@
 //!   lists a bounded number of locks, waiters and leases and counts the rest; at most 16
 //!   live pages per member.
 //!
-//! Until the client port serves HTTP, the page is read through each member's
-//! `--listen-metrics-urls` listener (every test member has one). Screenshots go to
-//! `target/ui-artifacts/`.
+//! The page is read on the client port, beside gRPC; the TLS test reads it through the
+//! member's plain `--listen-metrics-urls` listener (every test member has one), which serves
+//! the same router. Screenshots go to `target/ui-artifacts/`.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -319,7 +319,7 @@ async fn the_dashboard_shows_a_contended_lock_and_follows_a_release_in_a_browser
         "stuckTxns": stuck,
         "runningSaga": running_saga,
     });
-    let url = format!("http://127.0.0.1:{}", viewed.metrics_port);
+    let url = format!("http://127.0.0.1:{}", viewed.client_port);
     let mut script = Script::start("live.mjs", &url, &expect);
     script.expect_line("RELEASE", Duration::from_secs(90)).await;
 
@@ -370,7 +370,7 @@ async fn with_auth_on_the_dashboard_shows_nothing_before_a_login() {
 
     // Without a session: the page sends to the login, the stream refuses, the login page
     // says nothing of the cluster.
-    let port = b.metrics_port;
+    let port = b.client_port;
     let (code, _) = tokio::task::spawn_blocking(move || common::http_get(port, "/ui"))
         .await
         .unwrap();
@@ -467,7 +467,7 @@ async fn the_page_lists_a_bounded_number_and_counts_the_rest() {
     for _ in 0..120 {
         client.lease_grant(Duration::from_secs(300)).await.unwrap();
     }
-    let port = b.metrics_port;
+    let port = b.client_port;
     let (code, body) = tokio::task::spawn_blocking(move || common::http_get(port, "/ui"))
         .await
         .unwrap();
@@ -510,7 +510,7 @@ fn open_stream(port: u16) -> (u16, std::net::TcpStream) {
 async fn live_pages_are_bounded_per_member() {
     let dir = tempfile::tempdir().unwrap();
     let b = Baton::start(&dir.path().join("b"));
-    let port = b.metrics_port;
+    let port = b.client_port;
     tokio::task::spawn_blocking(move || {
         let mut open = Vec::new();
         for i in 0..16 {

@@ -39,7 +39,7 @@ impl Server {
             node: node.clone(),
             config: ServerConfig {
                 client_listeners: vec![baton_server::conn::ClientListener::plain(addr)],
-                metrics_addrs: Vec::new(),
+                metrics_listeners: Vec::new(),
                 min_lease_ttl_s: 1,
                 watch_progress_interval: Duration::from_secs(600),
                 max_concurrent_streams: baton_server::transport::DEFAULT_MAX_CONCURRENT_STREAMS,
