@@ -262,18 +262,15 @@ impl Node {
             quorum_ack_ms.is_some_and(|ms| u128::from(ms) < timeout.as_millis())
         } else {
             // A follower that heard from its leader within the election timeout; openraft
-            // refreshes the vote with every message from the leader.
-            leader.is_some()
-                && replica
-                    .raft
-                    .with_raft_state(move |st| {
-                        st.vote_ref().is_committed()
-                            && st
-                                .vote_last_modified()
-                                .is_some_and(|at| at.elapsed() < timeout)
-                    })
-                    .await
-                    .unwrap_or(false)
+            // refreshes the vote with every message from the leader. A core too busy to
+            // answer within that time has not heard from it either, as far as anyone knows.
+            let heard = replica.raft.with_raft_state(move |st| {
+                st.vote_ref().is_committed()
+                    && st
+                        .vote_last_modified()
+                        .is_some_and(|at| at.elapsed() < timeout)
+            });
+            leader.is_some() && matches!(tokio::time::timeout(timeout, heard).await, Ok(Ok(true)))
         };
         let status = self.status();
         let space = &shared.space;
