@@ -472,6 +472,49 @@ pub struct Applied {
     pub response: Response,
     /// Changes made by this entry, in order, all at `revision` (empty if nothing changed).
     pub events: Vec<Event>,
+    /// What this entry did to the key space, counted as etcd counts it (see [`MvccOps`]).
+    pub ops: MvccOps,
+}
+
+/// The key-space operations of one entry, counted by etcd 3.4's rules for its
+/// `etcd_mvcc_{range,put,delete,txn}_total` and `etcd_debugging_mvcc_total_put_size_in_bytes`
+/// metrics. Only `apply` knows them (a put inside a txn, the keys a lease revoke deletes, how
+/// many compares ran before one failed), so the core hands them out as data and the replica
+/// adds them up; the core itself never touches a metric.
+///
+/// etcd counts per *mvcc transaction* (one read or write view of its store): every range
+/// read, put and delete-range call made through it, and the view as a "txn" when it made more
+/// than one call. A put or delete that needs the previous value (`prev_kv`, `ignore_value`,
+/// `ignore_lease`) reads it first (one more range); a txn's compares are range reads, made
+/// in a read view of their own before a writing txn's write view; a lease revoke deletes
+/// each of its keys in one write view. A delete-range counts one delete however many keys
+/// it removes, and also when it removes none. A command refused before etcd's applier reads
+/// the store (lease not found for a top-level put, permission, no space) counts nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MvccOps {
+    pub ranges: u64,
+    pub puts: u64,
+    pub deletes: u64,
+    /// Views that made more than one call.
+    pub txns: u64,
+    /// Key plus value bytes of every put (the value actually written).
+    pub put_bytes: u64,
+}
+
+impl MvccOps {
+    /// Calls made in this view so far.
+    pub fn calls(&self) -> u64 {
+        self.ranges + self.puts + self.deletes
+    }
+
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &MvccOps) {
+        self.ranges += other.ranges;
+        self.puts += other.puts;
+        self.deletes += other.deletes;
+        self.txns += other.txns;
+        self.put_bytes += other.put_bytes;
+    }
 }
 
 /// Per-command results. Domain errors are values, never panics: a failed command changes

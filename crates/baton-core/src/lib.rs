@@ -59,13 +59,13 @@ pub use fencing_keys::{
     MAX_FENCING_KEYS,
 };
 pub use locks::{
-    lock_key, lock_name_of, lock_prefix, prefix_end, ForceReleaseRecord, LockInfo, LockSummary,
-    FORCE_RELEASE_RETENTION_MS, MAX_FENCE_RESOURCES, MAX_FORCE_RELEASE_RECORDS, MAX_LOCKS,
-    MAX_LOCK_DELAY_MS, MAX_REASON_BYTES,
+    lock_key, lock_name_of, lock_prefix, prefix_end, ForceReleaseRecord, LockContention, LockInfo,
+    LockSummary, FORCE_RELEASE_RETENTION_MS, MAX_FENCE_RESOURCES, MAX_FORCE_RELEASE_RECORDS,
+    MAX_LOCKS, MAX_LOCK_DELAY_MS, MAX_REASON_BYTES,
 };
 pub use state_machine::{
     HistoryBatch, ImportError, ImportSummary, Importer, LeaseExport, LeaseInfo, LiveRef,
     SnapshotError, StateMachine, VersionRef,
 };
 pub use types::*;
-pub use watch::{WatchHub, WatchOutput, WatchSpec, WatcherId};
+pub use watch::{WatchCensus, WatchHub, WatchOutput, WatchSpec, WatcherId};

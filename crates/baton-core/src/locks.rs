@@ -194,6 +194,18 @@ impl LockRecord {
 /// a range sorted by create revision keeps key order among them.
 pub(crate) type Queue = BTreeSet<(i64, Vec<u8>)>;
 
+/// The registered locks' queues at one moment (`StateMachine::lock_contention`): contention
+/// without a label per lock name, whose values would be unbounded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LockContention {
+    /// Locks with a holder (a non-empty queue).
+    pub held: u64,
+    /// Keys queued behind a holder, over all locks.
+    pub waiters: u64,
+    /// The longest queue behind one holder.
+    pub max_waiters: u64,
+}
+
 /// The registry with its derived queue index. Every registered name has a queue (possibly
 /// empty) and vice versa.
 #[derive(Debug, Clone)]
@@ -246,6 +258,18 @@ impl LockTable {
 
     pub(crate) fn record_mut(&mut self, name: &[u8]) -> Option<&mut LockRecord> {
         self.records.get_mut(name)
+    }
+
+    /// See [`LockContention`].
+    pub(crate) fn contention(&self) -> LockContention {
+        let mut c = LockContention::default();
+        for q in self.queues.values().filter(|q| !q.is_empty()) {
+            let waiters = q.len() as u64 - 1;
+            c.held += 1;
+            c.waiters += waiters;
+            c.max_waiters = c.max_waiters.max(waiters);
+        }
+        c
     }
 
     pub(crate) fn queue(&self, name: &[u8]) -> Option<&Queue> {

@@ -87,6 +87,17 @@ impl Watcher {
     }
 }
 
+/// The watch hub's watchers at one moment (`WatchHub::census`), for etcd's
+/// `etcd_debugging_mvcc_{watcher,slow_watcher,pending_events}_total`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WatchCensus {
+    pub watchers: u64,
+    /// Watchers behind the store, to be caught up from history (etcd's unsynced, "slow").
+    pub unsynced: u64,
+    /// Events queued for synced watchers, not yet taken by their streams.
+    pub pending_events: u64,
+}
+
 impl WatchHub {
     /// `max_pending_events` bounds each synced watcher's queue.
     pub fn new(max_pending_events: usize) -> Self {
@@ -278,6 +289,21 @@ impl WatchHub {
     /// Number of registered watchers.
     pub fn len(&self) -> usize {
         self.watchers.len()
+    }
+
+    /// The watchers by state, for monitoring (one pass over them).
+    pub fn census(&self) -> WatchCensus {
+        let mut c = WatchCensus {
+            watchers: self.watchers.len() as u64,
+            ..WatchCensus::default()
+        };
+        for w in self.watchers.values() {
+            match &w.state {
+                State::Synced { queue, .. } => c.pending_events += queue.len() as u64,
+                State::Unsynced { .. } => c.unsynced += 1,
+            }
+        }
+        c
     }
 
     pub fn is_empty(&self) -> bool {

@@ -93,6 +93,7 @@ impl LeaseDuty {
         if renewal.reset_checkpoint {
             self.reset_checkpoint(id, renewal.granted_ttl_s);
         }
+        self.replica.observed.lease_renewed();
         Ok(KeepAlive::Renewed {
             ttl_s: renewal.granted_ttl_s,
         })
@@ -285,6 +286,7 @@ impl LeaseDuty {
             match res {
                 Ok(p) => {
                     metrics::counter!("baton_leases_expired_total").increment(n);
+                    replica.observed.leases_expired(n);
                     if let Response::ExpireLeases {
                         expired_holders, ..
                     } = &p.applied.response

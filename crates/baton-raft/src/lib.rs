@@ -14,11 +14,12 @@
 //!   `deletions` (one-shot key-deletion watches that wake lock waiters one at a time);
 //! - data: `types` (openraft's type configuration, `Member`), `answer` (the API's answers
 //!   and errors), `error` (why a start failed), `config` and `limits` (how a replica is
-//!   started; its timeouts and bounds), `status`, `cluster` (`--initial-cluster` and the
+//!   started; its timeouts and bounds), `status`, `observe` (its monitoring counters, as
+//!   data: `Node::metrics`), `cluster` (`--initial-cluster` and the
 //!   deterministic ids), `origin` (which commands a client may cause), `credential` (the
 //!   cluster token's proof), `membership::change` (membership requests and answers);
 //! - the peer protocol: `wire` (the bincode payloads of the `baton.raft.v1.Raft` service),
-//!   `network` (its client), `forward` (a follower's batching of what it forwards), `calls`
+//!   `peer_meters` (traffic per peer, for etcd's `etcd_network_*`), `network` (its client), `forward` (a follower's batching of what it forwards), `calls`
 //!   (the operations only the leader serves, each typed with its answer);
 //! - the replica's components: `replica` (the handles every component shares: Raft, applied
 //!   state, log, proposer, transfer gate), `proposer` (batches proposals into entries),
@@ -66,7 +67,9 @@ mod limits;
 mod membership;
 mod network;
 mod node;
+mod observe;
 mod origin;
+mod peer_meters;
 mod peer_server;
 mod proposer;
 mod publish;
@@ -101,6 +104,7 @@ pub use crate::membership::change::{
     JoinError, MemberChanged, MemberError, MemberInfo, REMOVED_MESSAGE,
 };
 pub use crate::node::Node;
+pub use crate::observe::{ApplyTally, ReplicaMetrics};
 pub use crate::origin::{origin, LeaderDuty, Origin};
 pub use crate::restore::{
     restore_data_dir, RestoreError, RestoreInto, Restored, RESTORED_LAST_APPLIED,

@@ -31,6 +31,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::credential::ClusterCredential;
 use crate::env::PeerTransport;
+use crate::peer_meters::PeerMeters;
 use crate::types::{Member, TypeConfig};
 use crate::wire::{
     self, WireError, FORMAT_VERSION_METADATA, MAX_PEER_MESSAGE_BYTES, PEER_FORMAT_VERSION,
@@ -155,6 +156,8 @@ pub(crate) struct Peers {
     /// Per peer, the transport's explanation of the last failed call that had one (a TLS
     /// refusal), so it is logged once per peer until it changes or the peer answers.
     explained: Mutex<HashMap<u64, String>>,
+    /// Traffic per peer (shared with the peer service).
+    pub(crate) meters: Arc<PeerMeters>,
 }
 
 impl Peers {
@@ -177,6 +180,7 @@ impl Peers {
             transport,
             format_reported: Mutex::new(HashMap::new()),
             explained: Mutex::new(HashMap::new()),
+            meters: Arc::new(PeerMeters::default()),
         }
     }
 
@@ -264,6 +268,10 @@ impl Peers {
         timeout: Duration,
     ) -> Result<Vec<u8>, PeerError> {
         let ch = self.channel(target, node)?;
+        let meter = self.meters.of_member(target);
+        if let Some(m) = &meter {
+            m.sent_bytes.increment(payload.len() as u64);
+        }
         let mut client = RaftClient::new(ch)
             .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES + 4096)
             .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES + 4096);
@@ -286,7 +294,16 @@ impl Peers {
                 Method::PreVote => client.pre_vote(msg).await,
             }
         };
-        let resp = match tokio::time::timeout(timeout, call).await {
+        let answer = tokio::time::timeout(timeout, call).await;
+        if let Some(m) = &meter {
+            match &answer {
+                Ok(Ok(resp)) => m
+                    .received_bytes
+                    .increment(resp.get_ref().payload.len() as u64),
+                _ => m.sent_failures.increment(1),
+            }
+        }
+        let resp = match answer {
             Err(_) => {
                 return Err(PeerError::Timeout {
                     target,
@@ -428,13 +445,31 @@ impl RaftNetwork<TypeConfig> for PeerClient {
             }
             Err(e) => return Err(RPCError::Network(NetworkError::new(&e))),
         };
-        self.roundtrip(
-            Method::AppendEntries,
-            RPCTypes::AppendEntries,
-            payload,
-            &option,
-        )
-        .await
+        // A heartbeat (no entries, so no disk write at the follower) times the network:
+        // etcd's `peer_round_trip_time_seconds`.
+        #[allow(clippy::disallowed_methods)] // A duration to report, not a deadline.
+        let started = std::time::Instant::now();
+        let res = self
+            .roundtrip(
+                Method::AppendEntries,
+                RPCTypes::AppendEntries,
+                payload,
+                &option,
+            )
+            .await;
+        if entries == 0 {
+            match &res {
+                Ok(_) => {
+                    if let Some(m) = self.peers.meters.known(self.target) {
+                        m.round_trip.record(started.elapsed().as_secs_f64());
+                    }
+                }
+                Err(_) => {
+                    metrics::counter!("etcd_server_heartbeat_send_failures_total").increment(1)
+                }
+            }
+        }
+        res
     }
 
     async fn install_snapshot(

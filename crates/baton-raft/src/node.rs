@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use baton_core::{Command, LeaseId, Revision, StateMachine, WatchHub};
+use openraft::ServerState;
 use tokio::time::Instant;
 
 use crate::answer::{KeepAlive, ProposeError, Proposed};
@@ -17,6 +18,7 @@ use crate::lease_duty::{self, LeaseDuty};
 use crate::limits::REQUEST_TIMEOUT;
 use crate::membership::change::{MemberChange, MemberChanged, MemberError, MemberInfo};
 use crate::membership::Members;
+use crate::observe::ReplicaMetrics;
 use crate::origin;
 use crate::peer_server::Handlers;
 use crate::read_index::ReadIndex;
@@ -63,7 +65,13 @@ impl Node {
     /// and asking for one here is refused with [`ProposeError::LeaderOnly`].
     pub async fn propose(&self, command: Command) -> Result<Proposed, ProposeError> {
         origin::client_may_propose(&command).map_err(ProposeError::LeaderOnly)?;
-        self.parts.router.propose(command).await
+        let observed = &self.parts.replica.observed;
+        let _pending = observed.proposal();
+        let res = self.parts.router.propose(command).await;
+        if let Err(e) = &res {
+            observed.proposal_failed(e);
+        }
+        res
     }
 
     /// Returns once this replica has applied everything committed before the call and the
@@ -74,8 +82,14 @@ impl Node {
         let parts = &self.parts;
         let deadline = Instant::now() + REQUEST_TIMEOUT;
         parts.replica.transfer.wait(deadline).await;
-        let index = parts.reads.shared().await?;
-        parts.replica.wait_applied(index, deadline).await
+        let res = match parts.reads.shared().await {
+            Ok(index) => parts.replica.wait_applied(index, deadline).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = &res {
+            parts.replica.observed.read_index_failed(e);
+        }
+        res
     }
 
     /// Runs `f` on the applied state (a read lock; keep `f` short).
@@ -233,6 +247,67 @@ impl Node {
             disk_bytes: replica.wal.stats.file_bytes.load(Ordering::Relaxed)
                 + replica.shared.snapshot_bytes.load(Ordering::Relaxed),
         }
+    }
+
+    /// This replica's monitoring figures now (see [`ReplicaMetrics`] for what each means).
+    /// Asks openraft's core about the follower's leader (one message; for scrapes, not for
+    /// the request path).
+    pub async fn metrics(&self) -> ReplicaMetrics {
+        let replica = &self.parts.replica;
+        let shared = &replica.shared;
+        let (state, leader, quorum_ack_ms, applied_index) = {
+            let m = replica.raft.metrics();
+            let m = m.borrow();
+            (
+                m.state,
+                m.current_leader,
+                m.millis_since_quorum_ack,
+                m.last_applied.map_or(0, |l| l.index),
+            )
+        };
+        let timeout = replica.config.election_timeout;
+        let is_leader = state == ServerState::Leader;
+        let has_leader = if is_leader {
+            quorum_ack_ms.is_some_and(|ms| u128::from(ms) < timeout.as_millis())
+        } else {
+            // A follower that heard from its leader within the election timeout; openraft
+            // refreshes the vote with every message from the leader. A core too busy to
+            // answer within that time has not heard from it either, as far as anyone knows.
+            let heard = replica.raft.with_raft_state(move |st| {
+                st.vote_ref().is_committed()
+                    && st
+                        .vote_last_modified()
+                        .is_some_and(|at| at.elapsed() < timeout)
+            });
+            leader.is_some() && matches!(tokio::time::timeout(timeout, heard).await, Ok(Ok(true)))
+        };
+        let status = self.status();
+        let space = &shared.space;
+        let headroom = space
+            .last_free()
+            .map_or(0, |free| free.saturating_sub(space.reserve));
+        let mut m = ReplicaMetrics {
+            has_leader,
+            is_leader,
+            is_learner: self.is_learner(),
+            member_id: replica.member_id,
+            leader_changes: 0,
+            committed_index: replica.wal.committed_index().max(applied_index),
+            applied_index,
+            proposals_pending: 0,
+            proposals_failed: 0,
+            read_indexes_failed: 0,
+            slow_read_indexes: 0,
+            leases_renewed: 0,
+            leases_expired: 0,
+            snapshot_installing: shared.installing_snapshot.load(Ordering::Relaxed),
+            wal_write_bytes: replica.wal.stats.written_bytes.load(Ordering::Relaxed),
+            disk_bytes: status.disk_bytes,
+            quota_bytes: status.disk_bytes + headroom,
+            apply: shared.state.read().tally,
+        };
+        replica.observed.fill(&mut m);
+        m
     }
 
     /// Every member of the current membership. This member is shown as configured now; the

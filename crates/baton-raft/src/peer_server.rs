@@ -54,6 +54,7 @@ use crate::leader_service::LeaderService;
 use crate::membership::change::{JoinRequest, SenderStanding, REMOVED_MESSAGE};
 use crate::membership::Members;
 use crate::origin::{self, LeaderDuty};
+use crate::peer_meters::PeerMeters;
 use crate::transfer;
 use crate::types::{Raft, TypeConfig};
 use crate::wire::{
@@ -77,6 +78,8 @@ pub(crate) struct PeerService {
     /// Weak: the server task must not keep a replica alive that was dropped without
     /// `shutdown`.
     pub(crate) handlers: Weak<Handlers>,
+    /// Traffic per peer (shared with the peer client).
+    pub(crate) meters: Arc<PeerMeters>,
 }
 
 /// What serves the peer methods beyond openraft's own: requests for the leader, joiners,
@@ -249,6 +252,22 @@ impl PeerService {
         if msg.from == self.me {
             return Err(Refusal::FromReceiver(msg.from).into_status());
         }
+        // Counted under the sender's id only if the membership lists it (a label value
+        // per claimed id would let a token holder add series without bound).
+        let meter = self.meters.known(msg.from).or_else(|| {
+            let listed = self
+                .raft
+                .metrics()
+                .borrow()
+                .membership_config
+                .membership()
+                .get_node(&msg.from)
+                .is_some();
+            listed.then(|| self.meters.of_member(msg.from)).flatten()
+        });
+        if let Some(m) = meter {
+            m.received_bytes.increment(msg.payload.len() as u64);
+        }
         Ok((msg.from, msg.payload))
     }
 
@@ -258,6 +277,9 @@ impl PeerService {
         value: &T,
     ) -> Result<Response<PeerMessage>, Status> {
         let payload = wire::encode(value).map_err(|e| Status::internal(e.to_string()))?;
+        if let Some(m) = self.meters.known(to) {
+            m.sent_bytes.increment(payload.len() as u64);
+        }
         Ok(Response::new(PeerMessage {
             cluster_id: self.cluster_id,
             from: self.me,

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use crate::answer::{fatal_error, leader_error, ProposeError, Proposed};
 use crate::config::{ElectionTiming, NodeConfig};
 use crate::limits::REQUEST_TIMEOUT;
+use crate::observe::Observed;
 use crate::proposer::Proposer;
 use crate::sm::Shared;
 use crate::transfer_gate::TransferGate;
@@ -40,6 +41,8 @@ pub(crate) struct Replica {
     /// simulation). One generator for all, drawn in the order the replica needs them, so
     /// a seed replays.
     pub(crate) rng: parking_lot::Mutex<rand::rngs::StdRng>,
+    /// Monitoring counters (see `observe`).
+    pub(crate) observed: Observed,
     shutting_down: Arc<AtomicBool>,
 }
 
@@ -76,6 +79,7 @@ impl Replica {
             proposer,
             transfer: TransferGate::new(),
             rng: parking_lot::Mutex::new(rng),
+            observed: Observed::default(),
             shutting_down,
         }
     }

@@ -187,6 +187,8 @@ impl Router {
                         revision: p.revision,
                         response: p.response,
                         events: Vec::new(),
+                        // Counted where it is applied: this member's own apply counts it.
+                        ops: baton_core::MvccOps::default(),
                     },
                     raft_term: p.raft_term,
                     raft_index: p.raft_index,

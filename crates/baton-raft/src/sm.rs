@@ -12,7 +12,8 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use baton_core::{
-    Applied, Command, CommandIndex, Entry, EventKind, Revision, StateMachine, Term, WatchHub,
+    Applied, Command, CommandIndex, Entry, EventKind, Response, Revision, StateMachine, Term,
+    WatchHub,
 };
 use openraft::storage::RaftStateMachine;
 use openraft::{
@@ -24,6 +25,7 @@ use tokio::sync::watch;
 
 use crate::deletions::DeletionWatches;
 use crate::lease::LeaseClock;
+use crate::observe::{ApplyTally, SLOW_APPLY};
 use crate::snapshot;
 use crate::space::{self, Space};
 use crate::types::{LogId, Membership, RaftEntry, Reply, SnapshotMeta, StorageError, TypeConfig};
@@ -35,6 +37,8 @@ pub(crate) struct AppliedState {
     /// The last Raft entry applied.
     pub(crate) last_applied: Option<LogId>,
     pub(crate) membership: Membership,
+    /// What applying did since start, for monitoring (kept across installed snapshots).
+    pub(crate) tally: ApplyTally,
 }
 
 impl AppliedState {
@@ -69,6 +73,8 @@ pub(crate) struct Shared {
     snapshots_closed: AtomicBool,
     /// The disk watch (see `space`): whether snapshots fit, and whether space is low.
     pub(crate) space: Space,
+    /// A leader's snapshot is being installed (`etcd_server_snapshot_apply_in_progress_total`).
+    pub(crate) installing_snapshot: AtomicBool,
 }
 
 impl Shared {
@@ -93,6 +99,7 @@ impl Shared {
             snapshot_seq: AtomicU64::new(0),
             snapshots_closed: AtomicBool::new(false),
             space,
+            installing_snapshot: AtomicBool::new(false),
         }
     }
 
@@ -189,7 +196,14 @@ impl Shared {
             self.leases
                 .lock()
                 .on_applied(&entry.command, &applied.response, now);
+            st.tally.add(&applied);
+            if let Response::LeaseGrant { ttl_s, .. } = &applied.response {
+                metrics::histogram!("etcd_debugging_lease_ttl_total").record(*ttl_s as f64);
+            }
             results.push(applied);
+        }
+        if now.elapsed() > SLOW_APPLY {
+            st.tally.slow_applies += 1;
         }
         st.last_applied = Some(log_id);
         if let Some(m) = membership {
@@ -218,7 +232,15 @@ impl Shared {
                 return Ok(());
             }
         }
+        // Baton's counterpart of etcd's backend commit (`etcd_disk_backend_commit_duration_seconds`):
+        // the applied state reaching disk. etcd commits its bbolt database every 100 ms;
+        // Baton's applied state lives in memory (durable through the log) and goes to disk
+        // whole, as this file (written, fsynced, renamed).
+        #[allow(clippy::disallowed_methods)] // A duration to report, not a deadline.
+        let started = std::time::Instant::now();
         let (path, size) = snapshot::write(&self.snap_dir, meta, body)?;
+        metrics::histogram!("etcd_disk_backend_commit_duration_seconds")
+            .record(started.elapsed().as_secs_f64());
         *cur = Some((meta.clone(), path));
         self.snapshot_bytes.store(size, Ordering::Relaxed);
         Ok(())
@@ -409,6 +431,45 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         meta: &SnapshotMeta,
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
+        self.shared
+            .installing_snapshot
+            .store(true, Ordering::Relaxed);
+        let res = self.install(meta, snapshot).await;
+        self.shared
+            .installing_snapshot
+            .store(false, Ordering::Relaxed);
+        res
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        let Some((meta, path)) = self.shared.current_snapshot.lock().clone() else {
+            return Ok(None);
+        };
+        let read_err = |msg: String| {
+            StorageError::from(StorageIOError::read_snapshot(
+                Some(meta.signature()),
+                AnyError::error(msg),
+            ))
+        };
+        let loaded = tokio::task::spawn_blocking(move || snapshot::read(&path))
+            .await
+            .map_err(|e| read_err(format!("snapshot reader panicked: {e}")))?
+            .map_err(|e| read_err(e.to_string()))?
+            .map_err(read_err)?;
+        Ok(Some(Snapshot {
+            meta: loaded.meta,
+            snapshot: Box::new(Cursor::new(loaded.body)),
+        }))
+    }
+}
+
+impl StateStore {
+    /// `install_snapshot`'s work (the caller marks the install in progress around it).
+    async fn install(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
         let body = snapshot.into_inner();
         let sm = StateMachine::restore(&body)
             .map_err(|e| sm_err(format!("received snapshot does not restore: {e}")))?;
@@ -454,26 +515,5 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         self.shared.revision_tx.send_replace(rev);
         tracing::info!(last_log_id = ?meta.last_log_id, revision = rev.0, "installed a snapshot from the leader");
         Ok(())
-    }
-
-    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        let Some((meta, path)) = self.shared.current_snapshot.lock().clone() else {
-            return Ok(None);
-        };
-        let read_err = |msg: String| {
-            StorageError::from(StorageIOError::read_snapshot(
-                Some(meta.signature()),
-                AnyError::error(msg),
-            ))
-        };
-        let loaded = tokio::task::spawn_blocking(move || snapshot::read(&path))
-            .await
-            .map_err(|e| read_err(format!("snapshot reader panicked: {e}")))?
-            .map_err(|e| read_err(e.to_string()))?
-            .map_err(read_err)?;
-        Ok(Some(Snapshot {
-            meta: loaded.meta,
-            snapshot: Box::new(Cursor::new(loaded.body)),
-        }))
     }
 }

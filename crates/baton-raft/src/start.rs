@@ -26,6 +26,7 @@ use crate::limits::{REQUEST_TIMEOUT, STARTUP_LEADER_WAIT};
 use crate::membership::{self, Members};
 use crate::network::{PeerNetwork, Peers};
 use crate::node::{Node, Parts};
+use crate::observe::LeaderSeen;
 use crate::peer_server::{self, Handlers, PeerService};
 use crate::proposer::Proposer;
 use crate::read_index::ReadIndex;
@@ -140,6 +141,7 @@ impl Node {
             rng,
             shutting_down,
         ));
+        let meters = peers.meters.clone();
         let parts = assemble(replica, peers, clustered, dir.lock, proposer_task);
         let node = Node {
             parts: Arc::new(parts),
@@ -152,6 +154,7 @@ impl Node {
                 cluster_credential: credential,
                 raft: replica.raft.clone(),
                 handlers: Arc::downgrade(&node.parts.handlers),
+                meters,
             };
             let tasks = peer_server::spawn(peer_listeners, service);
             node.parts.tasks.lock().extend(tasks);
@@ -207,6 +210,7 @@ fn load_state(snap_dir: &Path) -> Result<(AppliedState, Option<CurrentSnapshot>)
             sm: StateMachine::new(),
             last_applied: None,
             membership: Default::default(),
+            tally: Default::default(),
         };
         return Ok((state, None));
     };
@@ -230,6 +234,7 @@ fn load_state(snap_dir: &Path) -> Result<(AppliedState, Option<CurrentSnapshot>)
         sm,
         last_applied: Some(last),
         membership: loaded.meta.last_membership.clone(),
+        tally: Default::default(),
     };
     Ok((state, Some((loaded.meta, path, size))))
 }
@@ -525,8 +530,32 @@ fn spawn_duties(parts: &Parts) {
     let publish = tokio::spawn(publish::run(Arc::downgrade(&parts.router)));
     let removal = tokio::spawn(membership::removal_loop(Arc::downgrade(&parts.router)));
     let election = election::spawn(&parts.handlers.elector);
+    let leaders = tokio::spawn(watch_leader_changes(Arc::downgrade(&parts.replica)));
     parts
         .tasks
         .lock()
-        .extend([ticker, publish, removal, election]);
+        .extend([ticker, publish, removal, election, leaders]);
+}
+
+/// Counts the leader changes this member sees (`observe::LeaderSeen`), from openraft's
+/// server metrics: they change with the leader, vote, role or membership, never per request.
+async fn watch_leader_changes(replica: std::sync::Weak<Replica>) {
+    let Some(r) = replica.upgrade() else {
+        return;
+    };
+    let mut rx = r.raft.server_metrics();
+    drop(r);
+    let mut seen = LeaderSeen::default();
+    loop {
+        let leader = rx.borrow_and_update().current_leader;
+        if seen.saw(leader) {
+            let Some(r) = replica.upgrade() else {
+                return;
+            };
+            r.observed.leader_changed();
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
 }

@@ -94,6 +94,7 @@ async fn health(
         && tokio::time::timeout(HEALTH_READ_TIMEOUT, st.shared.read_barrier())
             .await
             .is_ok_and(|r| r.is_ok());
+    crate::monitor::health_checked(healthy);
     if healthy {
         (
             StatusCode::OK,
@@ -106,47 +107,19 @@ async fn health(
     }
 }
 
-/// Refreshes the gauges that are read rather than counted, then renders everything.
+/// Everything in Prometheus' text format (`monitor::render`).
 async fn render_metrics(State(st): State<HttpState>) -> impl IntoResponse {
-    let status = st.shared.node.status();
-    let (revision, compact, keys, leases, size, locks) = st.shared.node.read(|sm| {
-        (
-            sm.revision(),
-            sm.compact_revision(),
-            sm.key_count(),
-            sm.lease_ids().len(),
-            sm.approximate_size_bytes(),
-            sm.lock_count(),
-        )
-    });
-    metrics::gauge!("baton_raft_term").set(status.term as f64);
-    metrics::gauge!("baton_raft_index").set(status.last_log_index as f64);
-    metrics::gauge!("baton_raft_applied_index").set(status.applied_index as f64);
-    metrics::gauge!("baton_is_leader").set(if status.leader_id == Some(status.member_id) {
-        1.0
-    } else {
-        0.0
-    });
-    metrics::gauge!("baton_db_size_bytes").set(status.disk_bytes as f64);
-    metrics::gauge!("baton_db_size_in_use_bytes").set(size as f64);
-    metrics::gauge!("baton_mvcc_revision").set(revision.0 as f64);
-    metrics::gauge!("baton_mvcc_compact_revision").set(compact.0 as f64);
-    metrics::gauge!("baton_mvcc_keys").set(keys as f64);
-    metrics::gauge!("baton_leases").set(leases as f64);
-    metrics::gauge!("baton_lock_registry_locks").set(locks as f64);
     (
         [("content-type", "text/plain; version=0.0.4")],
-        st.metrics.render(),
+        crate::monitor::render(&st.shared, &st.metrics).await,
     )
 }
 
 /// etcd's `/version` shape: the server's version and the cluster's (major.minor.0).
 async fn version() -> impl IntoResponse {
-    let (major_minor, _) = ETCD_API_VERSION
-        .rsplit_once('.')
-        .expect("a major.minor.patch version");
+    let cluster = crate::monitor::ETCD_CLUSTER_VERSION;
     (
         [("content-type", "application/json")],
-        format!(r#"{{"etcdserver":"{ETCD_API_VERSION}","etcdcluster":"{major_minor}.0"}}"#),
+        format!(r#"{{"etcdserver":"{ETCD_API_VERSION}","etcdcluster":"{cluster}.0"}}"#),
     )
 }

@@ -76,7 +76,10 @@ impl pb::kv_server::Kv for KvService {
                 &req.range.range_end,
             );
             match permitted {
-                Ok(()) => (sm.range(&req).map_err(|e| kv_status(&e)), sm.revision()),
+                Ok(()) => {
+                    crate::monitor::range_served();
+                    (sm.range(&req).map_err(|e| kv_status(&e)), sm.revision())
+                }
                 Err(e) => (Err(auth_status(e)), sm.revision()),
             }
         });

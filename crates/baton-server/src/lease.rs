@@ -61,13 +61,19 @@ async fn renew(shared: Shared, id: i64) -> Result<pb::LeaseKeepAliveResponse, St
             id,
             ttl: ttl_s,
         }),
-        Ok(KeepAlive::NotFound) => Ok(pb::LeaseKeepAliveResponse {
-            header: Some(header),
-            id,
-            ttl: 0,
-        }),
+        Ok(KeepAlive::NotFound) => {
+            // The lease expired or was revoked: its holder has lost it.
+            metrics::counter!("baton_lease_renewal_failures_total", "reason" => "not_found")
+                .increment(1);
+            Ok(pb::LeaseKeepAliveResponse {
+                header: Some(header),
+                id,
+                ttl: 0,
+            })
+        }
         Err(e) => {
-            metrics::counter!("baton_lease_renewal_failures_total").increment(1);
+            metrics::counter!("baton_lease_renewal_failures_total", "reason" => "unavailable")
+                .increment(1);
             Err(propose_status(&e))
         }
     }

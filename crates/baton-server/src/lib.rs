@@ -33,6 +33,7 @@ pub mod lease;
 pub mod locks;
 pub mod maintenance;
 pub mod metrics_layer;
+pub mod monitor;
 pub mod peer_tls;
 pub mod protocol;
 pub mod recv_limit_layer;

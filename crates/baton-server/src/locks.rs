@@ -477,7 +477,8 @@ impl Engine {
     async fn wait_turn(&self, spec: &AcquireSpec, mine: &KeyValue) -> Result<Held, Status> {
         let node = &self.shared.node;
         let rev = mine.create_revision;
-        let mut deferred = false;
+        // When this acquisition first found the lock in lock-delay (for the wait's histogram).
+        let mut deferred: Option<tokio::time::Instant> = None;
         loop {
             let (now, watches) = node.read_and_watch_deletions(|sm| {
                 let t = turn(sm, &spec.name, &mine.key, rev);
@@ -515,8 +516,8 @@ impl Engine {
                 } => {
                     let now_ms = node.time_ms();
                     if delayed_until_ms > now_ms {
-                        if !deferred {
-                            deferred = true;
+                        if deferred.is_none() {
+                            deferred = Some(tokio::time::Instant::now());
                             self.delay_refusals.fetch_add(1, Ordering::Relaxed);
                             metrics::counter!("baton_lock_delay_refusals_total").increment(1);
                         }
@@ -532,6 +533,10 @@ impl Engine {
                         }
                         // Re-check everything: the delay may have been extended meanwhile.
                         continue;
+                    }
+                    if let Some(since) = deferred.take() {
+                        metrics::histogram!("baton_lock_delay_wait_seconds")
+                            .record(since.elapsed().as_secs_f64());
                     }
                     // Leadership confirmed by a quorum and the lease judged by the leader's
                     // clock, so neither a follower nor a deposed leader grants to a lease

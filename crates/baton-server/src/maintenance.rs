@@ -33,8 +33,9 @@ fn alarm_member((member_id, alarm): (u64, AlarmType)) -> pb::AlarmMember {
     }
 }
 
-/// The etcd API version Baton speaks; `etcdctl endpoint status` prints it.
-pub const ETCD_API_VERSION: &str = "3.5.0";
+/// The etcd release whose API Baton speaks: `etcdctl endpoint status` prints it, `/version`
+/// and the `etcd_server_version` metric name it (one constant, so they cannot disagree).
+pub const ETCD_API_VERSION: &str = crate::monitor::ETCD_SERVER_VERSION;
 
 /// The Maintenance service.
 pub struct MaintenanceService {

@@ -1,15 +1,22 @@
-//! A tower layer that counts every gRPC call and times it, labelled by full method path and
-//! gRPC status code — etcd's `grpc_server_handled_total` and `grpc_server_handling_seconds`.
+//! The tower layer that counts every gRPC call of the client port into go-grpc-prometheus'
+//! families and etcd's client byte counters (`monitor::grpc` says what is counted when).
+//!
+//! It wraps the request body (messages and bytes received), the response future (a trailers-
+//! only status, or `Canceled` if the call is dropped before answering) and the response body
+//! (messages and bytes sent, the status in the trailers, or `Canceled` if the body is dropped
+//! before them). The method's handles are looked up once per call, by path, in a table made
+//! at start; nothing is allocated per call.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock, RwLock};
 use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
-use metrics::{Counter, Histogram};
+use http_body::{Body, Frame, SizeHint};
+use tonic::codegen::Bytes;
 use tower::{Layer, Service};
+
+use crate::monitor::grpc::{self, GrpcMeters, MethodMeters, CANCELED, UNKNOWN_CODE};
 
 /// See the module docs.
 #[derive(Debug, Clone, Copy, Default)]
@@ -29,67 +36,36 @@ pub struct GrpcMetrics<S> {
     inner: S,
 }
 
-/// gRPC status codes by number, as Prometheus label values.
-fn code_name(code: &str) -> &'static str {
-    match code {
-        "0" => "OK",
-        "1" => "Canceled",
-        "2" => "Unknown",
-        "3" => "InvalidArgument",
-        "4" => "DeadlineExceeded",
-        "5" => "NotFound",
-        "6" => "AlreadyExists",
-        "7" => "PermissionDenied",
-        "8" => "ResourceExhausted",
-        "9" => "FailedPrecondition",
-        "10" => "Aborted",
-        "11" => "OutOfRange",
-        "12" => "Unimplemented",
-        "13" => "Internal",
-        "14" => "Unavailable",
-        "15" => "DataLoss",
-        "16" => "Unauthenticated",
-        _ => "Unknown",
+/// A call not yet counted as handled: counted exactly once, with the status it ends with,
+/// or as `Canceled` if it is dropped first.
+pub struct Pending {
+    meters: &'static GrpcMeters,
+    method: &'static MethodMeters,
+    start: Instant,
+    done: bool,
+}
+
+impl Pending {
+    fn handled(&mut self, code: usize) {
+        if !self.done {
+            self.done = true;
+            self.method
+                .handled(code, self.start.elapsed().as_secs_f64());
+        }
     }
 }
 
-/// The handles of one method's series. Registering a labelled series costs a registry lookup
-/// keyed by freshly allocated label strings; at tens of thousands of requests a second that
-/// was a measurable share of a request's CPU, so each method's handles are made once and
-/// reused. Only the OK counter is cached: error codes are rare and go through the registry.
-struct MethodMetrics {
-    path: String,
-    ok: Counter,
-    duration: Histogram,
-}
-
-fn method_metrics(path: &str) -> Arc<MethodMetrics> {
-    static CACHE: OnceLock<RwLock<HashMap<String, Arc<MethodMetrics>>>> = OnceLock::new();
-    let cache = CACHE.get_or_init(Default::default);
-    if let Some(m) = cache.read().expect("metrics cache poisoned").get(path) {
-        return m.clone();
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.handled(CANCELED);
     }
-    // Unknown paths (a client probing methods we do not serve) would each add an entry; the
-    // router answers them Unimplemented, and the set of paths a client can send is not
-    // bounded, so past a generous bound they are counted without caching.
-    const MAX_CACHED_METHODS: usize = 512;
-    let m = Arc::new(MethodMetrics {
-        path: path.to_owned(),
-        ok: metrics::counter!("baton_grpc_requests_total", "method" => path.to_owned(), "code" => "OK"),
-        duration: metrics::histogram!("baton_grpc_request_duration_seconds", "method" => path.to_owned()),
-    });
-    let mut w = cache.write().expect("metrics cache poisoned");
-    if w.len() < MAX_CACHED_METHODS {
-        w.entry(path.to_owned()).or_insert_with(|| m.clone());
-    }
-    m
 }
 
 impl<S, B, RB> Service<http::Request<B>> for GrpcMetrics<S>
 where
-    S: Service<http::Request<B>, Response = http::Response<RB>>,
+    S: Service<http::Request<CountedRequest<B>>, Response = http::Response<RB>>,
 {
-    type Response = S::Response;
+    type Response = http::Response<CountedResponse<RB>>;
     type Error = S::Error;
     type Future = MetricsFuture<S::Future>;
 
@@ -98,24 +74,35 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let metrics = method_metrics(req.uri().path());
+        let meters = grpc::meters();
+        let method = meters.method(req.uri().path());
+        method.started();
         #[allow(clippy::disallowed_methods)] // Real latency for /metrics, not a deadline.
         let start = Instant::now();
+        let req = req.map(|inner| CountedRequest {
+            inner,
+            frames: grpc::Frames::default(),
+            meters,
+            method,
+        });
         MetricsFuture {
             inner: self.inner.call(req),
-            metrics,
-            start,
+            pending: Some(Pending {
+                meters,
+                method,
+                start,
+                done: false,
+            }),
         }
     }
 }
 
 pin_project_lite::pin_project! {
-    /// The inner call's future, timed and counted when it completes.
+    /// The inner call's future; hands the pending count to the response body.
     pub struct MetricsFuture<F> {
         #[pin]
         inner: F,
-        metrics: Arc<MethodMetrics>,
-        start: Instant,
+        pending: Option<Pending>,
     }
 }
 
@@ -123,31 +110,118 @@ impl<F, RB, E> Future for MetricsFuture<F>
 where
     F: Future<Output = Result<http::Response<RB>, E>>,
 {
-    type Output = F::Output;
+    type Output = Result<http::Response<CountedResponse<RB>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let res = ready!(this.inner.poll(cx));
-        // A unary error is a trailers-only response: its status is in the headers. A
-        // success (or a stream) carries it in trailers, which we do not wait for.
-        let code = match &res {
-            Ok(r) => r
-                .headers()
-                .get("grpc-status")
-                .and_then(|v| v.to_str().ok())
-                .map(code_name)
-                .unwrap_or("OK"),
-            Err(_) => "Unknown",
-        };
-        if code == "OK" {
-            this.metrics.ok.increment(1);
-        } else {
-            metrics::counter!("baton_grpc_requests_total", "method" => this.metrics.path.clone(), "code" => code)
-                .increment(1);
+        let mut pending = this.pending.take().expect("polled after completion");
+        Poll::Ready(match res {
+            Ok(resp) => {
+                // A trailers-only answer (an error before any message) has its status here.
+                if let Some(status) = resp.headers().get("grpc-status") {
+                    pending.handled(grpc::code_index(status.as_bytes()));
+                }
+                Ok(resp.map(|inner| CountedResponse {
+                    inner,
+                    frames: grpc::Frames::default(),
+                    pending,
+                }))
+            }
+            Err(e) => {
+                pending.handled(UNKNOWN_CODE);
+                Err(e)
+            }
+        })
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request body that counts the messages passing through it.
+    pub struct CountedRequest<B> {
+        #[pin]
+        inner: B,
+        frames: grpc::Frames,
+        meters: &'static GrpcMeters,
+        method: &'static MethodMeters,
+    }
+}
+
+impl<B: Body<Data = Bytes>> Body for CountedRequest<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.project();
+        let frame = ready!(this.inner.poll_frame(cx));
+        if let Some(Ok(f)) = &frame {
+            if let Some(data) = f.data_ref() {
+                let (messages, bytes) = this.frames.feed(data);
+                this.meters.received(this.method, messages, bytes);
+            }
         }
-        this.metrics
-            .duration
-            .record(this.start.elapsed().as_secs_f64());
-        Poll::Ready(res)
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body that counts the messages passing through it and the call as handled
+    /// when its trailers go out (or as `Canceled` when it is dropped before).
+    pub struct CountedResponse<B> {
+        #[pin]
+        inner: B,
+        frames: grpc::Frames,
+        pending: Pending,
+    }
+}
+
+impl<B: Body<Data = Bytes>> Body for CountedResponse<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.project();
+        let frame = ready!(this.inner.poll_frame(cx));
+        match &frame {
+            Some(Ok(f)) => {
+                if let Some(data) = f.data_ref() {
+                    let (messages, bytes) = this.frames.feed(data);
+                    let p = &this.pending;
+                    p.meters.sent(p.method, messages, bytes);
+                } else if let Some(trailers) = f.trailers_ref() {
+                    let code = trailers
+                        .get("grpc-status")
+                        .map_or(UNKNOWN_CODE, |s| grpc::code_index(s.as_bytes()));
+                    this.pending.handled(code);
+                }
+            }
+            // The stream failed while being sent: the client does not get its status.
+            Some(Err(_)) => this.pending.handled(UNKNOWN_CODE),
+            // Ended without trailers (only a trailers-only answer, counted already).
+            None => this.pending.handled(UNKNOWN_CODE),
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }

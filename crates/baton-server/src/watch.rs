@@ -91,10 +91,10 @@ impl pb::watch_server::Watch for WatchService {
             progress_pending: false,
             pump_needed: false,
         };
-        metrics::gauge!("baton_watch_streams").increment(1.0);
+        let open = crate::monitor::WatchStream::open();
         tokio::spawn(async move {
             session.run(inbound).await;
-            metrics::gauge!("baton_watch_streams").decrement(1.0);
+            drop(open);
         });
         Ok(tonic::Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
@@ -411,6 +411,8 @@ impl Session {
                         let events: Vec<mvccpb::Event> =
                             events.into_iter().map(event_to_pb).collect();
                         metrics::counter!("baton_watch_events_sent_total")
+                            .increment(events.len() as u64);
+                        metrics::counter!("etcd_debugging_mvcc_events_total")
                             .increment(events.len() as u64);
                         if let Some(w) = self.watchers.get_mut(&watch_id) {
                             w.sent_since_tick = true;

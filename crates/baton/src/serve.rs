@@ -373,38 +373,9 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         .map(split_urls)
         .unwrap_or(listen_client);
 
-    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
-        .set_buckets(&[
-            0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-            2.5, 5.0,
-        ])
-        .context("metric buckets")?
-        // Counts, not seconds: queue lengths and proposal batch sizes.
-        .set_buckets_for_metric(
-            metrics_exporter_prometheus::Matcher::Suffix("_length".into()),
-            &[
-                0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0,
-            ],
-        )
-        .context("metric buckets")?
-        // etcd's: ExponentialBuckets(0.01, 2, 16), 10 ms to 5.5 min (a snapshot of a large
-        // store takes seconds to minutes, past the default buckets' 5 s).
-        .set_buckets_for_metric(
-            metrics_exporter_prometheus::Matcher::Full(
-                "etcd_disk_backend_snapshot_duration_seconds".into(),
-            ),
-            &(0..16)
-                .map(|i| 0.01 * f64::from(1u32 << i))
-                .collect::<Vec<_>>(),
-        )
-        .context("metric buckets")?
-        .set_buckets_for_metric(
-            metrics_exporter_prometheus::Matcher::Suffix("_batch_size".into()),
-            &[1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1024.0],
-        )
-        .context("metric buckets")?
-        .install_recorder()
-        .context("installing the metrics recorder")?;
+    // etcd's families and Baton's, with their buckets and HELP (`baton_server::monitor`).
+    let metrics =
+        baton_server::monitor::install_recorder().context("installing the metrics recorder")?;
     // `install_recorder` leaves upkeep to us: without it every histogram sample recorded
     // between two scrapes stays queued in memory (metrics-rs/metrics#467), so a member nobody
     // scrapes grows by a few bytes per request forever. Upkeep folds them into the buckets.

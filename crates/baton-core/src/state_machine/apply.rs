@@ -27,11 +27,11 @@ impl StateMachine {
         self.last_applied = Some((entry.index, entry.term));
         self.last_time_ms = self.last_time_ms.max(entry.time_ms);
 
-        let mut w = Writes {
-            rev: self.revision + 1,
-            events: Vec::new(),
-        };
-        let response = match self.apply_command(&entry.command, &mut w) {
+        let mut w = Writes::new(self.revision + 1);
+        let result = self.apply_command(&entry.command, &mut w);
+        // A refused command may still have read the store first (etcd counts those reads).
+        w.end_view();
+        let response = match result {
             Ok(r) => {
                 let mut cmd = &entry.command;
                 while let Command::Deduplicated { command, .. }
@@ -65,6 +65,7 @@ impl StateMachine {
             revision: Revision(self.revision),
             response,
             events: w.events,
+            ops: w.ops,
         }
     }
 

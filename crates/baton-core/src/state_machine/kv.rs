@@ -30,7 +30,11 @@ impl StateMachine {
     ) -> Result<Response, KvError> {
         // etcd's top-level Put looks the lease up before the key (apply.go `Put`).
         self.check_put_lease(p)?;
-        self.check_put_key(p)?;
+        if let Err(e) = self.check_put_key(p) {
+            // etcd read the previous value (to find it missing) before refusing.
+            w.view.ranges += 1;
+            return Err(e);
+        }
         Ok(Response::Put(self.exec_put(p, w)))
     }
 
@@ -51,8 +55,21 @@ impl StateMachine {
         // against the state *before* the txn, as etcd's `compareToPath` does; so are the
         // per-op checks. Only then does anything get written.
         let mut path = Vec::new();
-        self.compare_path(t, &mut path);
+        w.view.ranges += self.compare_path(t, &mut path);
+        // etcd runs a txn that writes in two views: compares and checks in a read view,
+        // then the ops in a write view. A read-only txn stays in its read view throughout.
+        let writes = !t
+            .success
+            .iter()
+            .chain(&t.failure)
+            .all(|op| matches!(op, RequestOp::Range(_)));
+        if writes {
+            w.view.ranges += self.put_check_reads(t, &path, &mut 0).0;
+        }
         self.check_txn(t, &path, &mut 0)?;
+        if writes {
+            w.end_view();
+        }
         Ok(Response::Txn(self.exec_txn(t, &path, &mut 0, w)))
     }
 
@@ -212,15 +229,60 @@ impl StateMachine {
 
     /// etcd's `compareToPath`: the compare outcome of this txn, then of each nested txn on the
     /// chosen branch, depth first. Consumed in the same order by `check_txn` and `exec_txn`.
-    fn compare_path(&self, t: &TxnRequest, path: &mut Vec<bool>) {
-        let ok = t.compare.iter().all(|c| self.compare(c));
+    /// Returns how many compares were evaluated (each is a range read to etcd; the compares
+    /// of one txn stop at the first that fails).
+    fn compare_path(&self, t: &TxnRequest, path: &mut Vec<bool>) -> u64 {
+        let mut evaluated = 0;
+        let mut ok = true;
+        for c in &t.compare {
+            evaluated += 1;
+            if !self.compare(c) {
+                ok = false;
+                break;
+            }
+        }
         path.push(ok);
         let ops = if ok { &t.success } else { &t.failure };
         for op in ops {
             if let RequestOp::Txn(nested) = op {
-                self.compare_path(nested, path);
+                evaluated += self.compare_path(nested, path);
             }
         }
+        evaluated
+    }
+
+    /// The range reads etcd's `checkPut` pass makes over a writing txn's chosen path: one per
+    /// put with `ignore_value`/`ignore_lease` (it reads the previous value), in op order,
+    /// stopping at the first put the pass refuses (a missing key or lease). The pass runs
+    /// over every put before etcd checks any range's revision, so a refusal there does not
+    /// stop it. Returns the reads and whether the pass refused. Counting only: `check_txn`
+    /// decides.
+    fn put_check_reads(&self, t: &TxnRequest, path: &[bool], cursor: &mut usize) -> (u64, bool) {
+        let ok = path[*cursor];
+        *cursor += 1;
+        let ops = if ok { &t.success } else { &t.failure };
+        let mut reads = 0;
+        for op in ops {
+            match op {
+                RequestOp::Put(p) => {
+                    if p.ignore_value || p.ignore_lease {
+                        reads += 1;
+                    }
+                    if self.check_put_key(p).is_err() || self.check_put_lease(p).is_err() {
+                        return (reads, true);
+                    }
+                }
+                RequestOp::Txn(nested) => {
+                    let (n, refused) = self.put_check_reads(nested, path, cursor);
+                    reads += n;
+                    if refused {
+                        return (reads, true);
+                    }
+                }
+                RequestOp::Range(_) | RequestOp::DeleteRange(_) => {}
+            }
+        }
+        (reads, false)
     }
 
     // ---- checks (against the state before the entry; nothing is written yet) -----------
@@ -300,6 +362,7 @@ impl StateMachine {
                     // store at `w.rev`); an explicit revision was checked against the state
                     // before the txn, so it can only see the past.
                     let at = if r.revision <= 0 { w.rev } else { r.revision };
+                    w.view.ranges += 1;
                     ResponseOp::Range(self.range_at(r, at))
                 }
                 RequestOp::Put(p) => ResponseOp::Put(self.exec_put(p, w)),
@@ -333,6 +396,11 @@ impl StateMachine {
             let kv = key_value(&p.key, rev, &live);
             (live, (prev, kv))
         });
+        w.count_put(
+            &p.key,
+            &kv.value,
+            p.prev_kv || p.ignore_value || p.ignore_lease,
+        );
         let lease = kv.lease;
         match &prev {
             Some(prev) => self.detach(prev.lease, &p.key),
@@ -356,6 +424,9 @@ impl StateMachine {
     }
 
     fn exec_delete(&mut self, d: &DeleteRangeRequest, w: &mut Writes) -> DeleteRangeResponse {
+        // One delete-range call however many keys go (etcd reads them first for `prev_kv`).
+        w.view.deletes += 1;
+        w.view.ranges += u64::from(d.prev_kv);
         let doomed: Vec<KeyValue> = self
             .store
             .range(&d.range)

@@ -113,7 +113,12 @@ impl StateMachine {
 
     /// Deletes every key of a lease that has just been removed from the table, in key order
     /// (etcd sorts them too), all at `w.rev`.
+    ///
+    /// Each lease is one etcd write view: one delete call per key.
     fn delete_lease_keys(&mut self, id: LeaseId, lease: LeaseRecord, w: &mut Writes) {
+        w.end_view();
+        w.view.deletes += lease.keys.len() as u64;
+        w.end_view();
         for key in lease.keys {
             let (m, live) = self
                 .store

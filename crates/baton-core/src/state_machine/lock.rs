@@ -11,8 +11,8 @@ use std::collections::BTreeSet;
 
 use crate::command::{Command, KvError, PutRequest, Response};
 use crate::locks::{
-    lock_key, lock_names_of, lock_prefix, FenceDecision, ForceReleaseRecord, LockInfo, LockRecord,
-    LockSummary, Queue,
+    lock_key, lock_names_of, lock_prefix, FenceDecision, ForceReleaseRecord, LockContention,
+    LockInfo, LockRecord, LockSummary, Queue,
 };
 use crate::mvcc::key_value;
 use crate::types::{Event, EventKind, FencingToken, KeyValue, LeaseId, Revision};
@@ -90,6 +90,7 @@ impl StateMachine {
                 reason: reason.to_owned(),
                 at_ms,
             });
+        w.view.deletes += 1;
         self.delete_key(head.clone(), w);
         Ok(Response::LockForceRelease {
             released: Some(head),
@@ -287,6 +288,12 @@ impl StateMachine {
     /// Number of locks in the registry.
     pub fn lock_count(&self) -> usize {
         self.locks.len()
+    }
+
+    /// How contended the registered locks are now, for monitoring: one pass over the queue
+    /// index (at most `MAX_LOCKS` queues).
+    pub fn lock_contention(&self) -> LockContention {
+        self.locks.contention()
     }
 
     /// Up to `max` registered locks in name order, after `after` (empty: from the first)

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::auth::{AuthState, PermCache};
 use crate::clients::ClientTable;
-use crate::command::AlarmType;
+use crate::command::{AlarmType, MvccOps};
 use crate::fencing_keys::FencingKeys;
 use crate::locks::{FenceTable, LockTable};
 use crate::mvcc::KeyStore;
@@ -65,11 +65,44 @@ impl Default for StateMachine {
     }
 }
 
-/// The per-entry write context: the revision every write of this entry goes to, and the
-/// events in the order they happened.
+/// The per-entry write context: the revision every write of this entry goes to, the
+/// events in the order they happened, and the key-space operations counted as etcd counts
+/// them (see [`MvccOps`]).
 pub(super) struct Writes {
     pub(super) rev: i64,
     pub(super) events: Vec<Event>,
+    /// The calls of the etcd mvcc view (read or write transaction) open now.
+    pub(super) view: MvccOps,
+    /// Everything counted in the views already closed.
+    pub(super) ops: MvccOps,
+}
+
+impl Writes {
+    pub(super) fn new(rev: i64) -> Writes {
+        Writes {
+            rev,
+            events: Vec::new(),
+            view: MvccOps::default(),
+            ops: MvccOps::default(),
+        }
+    }
+
+    /// Closes the open view (etcd's `TxnWrite.End`): its calls join the entry's, and a view
+    /// of more than one call counts as a txn. A view with no calls counts nothing.
+    pub(super) fn end_view(&mut self) {
+        let view = std::mem::take(&mut self.view);
+        if view.calls() > 1 {
+            self.ops.txns += 1;
+        }
+        self.ops.add(&view);
+    }
+
+    /// Counts a put of `key` with `value` (and the read of the previous value when `read_prev`).
+    pub(super) fn count_put(&mut self, key: &[u8], value: &[u8], read_prev: bool) {
+        self.view.puts += 1;
+        self.view.put_bytes += (key.len() + value.len()) as u64;
+        self.view.ranges += u64::from(read_prev);
+    }
 }
 
 impl StateMachine {

@@ -3,4 +3,5 @@
 
 mod golden;
 mod model;
+mod mvcc_ops;
 mod script;

@@ -50,6 +50,11 @@ impl WalHandle {
         self.mem.read().last_log_id()
     }
 
+    /// The last committed index openraft saved (0 before any).
+    pub(crate) fn committed_index(&self) -> u64 {
+        self.mem.read().committed.map_or(0, |l| l.index)
+    }
+
     /// Whether the writer holds writes back on a full file system (see `Writer::process`).
     pub(crate) fn stalled(&self) -> bool {
         self.stalled.load(Ordering::Acquire)

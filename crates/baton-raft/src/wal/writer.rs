@@ -44,6 +44,8 @@ pub(super) const PREALLOCATE_BYTES: u64 = 1 << 20;
 pub(crate) struct WalStats {
     pub(crate) fsyncs: AtomicU64,
     pub(crate) file_bytes: AtomicU64,
+    /// Bytes written to the log since start (`etcd_disk_wal_write_bytes_total`).
+    pub(crate) written_bytes: AtomicU64,
     /// How long the last fdatasync took, in nanoseconds (the hand-off's slow-disk rule).
     pub(crate) last_fsync_nanos: AtomicU64,
     /// Operations carried out inline on the calling task (see `wal/handoff.rs`).
@@ -328,6 +330,9 @@ impl Writer {
         self.stats
             .file_bytes
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.stats
+            .written_bytes
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 
@@ -370,6 +375,7 @@ impl Writer {
             Ordering::Relaxed,
         );
         metrics::histogram!("baton_wal_fsync_seconds").record(took.as_secs_f64());
+        metrics::histogram!("etcd_disk_wal_fsync_duration_seconds").record(took.as_secs_f64());
         metrics::counter!("baton_wal_fsyncs_total").increment(1);
         self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
         self.dirty = false;
@@ -385,6 +391,9 @@ impl Writer {
         assert!(generation > self.generation, "log generations only grow");
         let path = generation_path(&self.wal_dir, generation);
         files::write_atomic(&path, bytes)?;
+        self.stats
+            .written_bytes
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
         self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("baton_wal_fsyncs_total").increment(1);
         self.file = self.disk.open(&path, bytes.len() as u64)?;

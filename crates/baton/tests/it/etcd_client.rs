@@ -666,9 +666,9 @@ async fn health_and_metrics() {
     .unwrap();
     assert_eq!(code, 200);
     for needle in [
-        r#"baton_grpc_requests_total{method="/etcdserverpb.KV/Put",code="OK"} 1"#,
-        r#"baton_grpc_requests_total{method="/etcdserverpb.KV/Range",code="OutOfRange"} 1"#,
-        r#"baton_grpc_request_duration_seconds_bucket{method="/etcdserverpb.KV/Range""#,
+        r#"grpc_server_handled_total{grpc_code="OK",grpc_method="Put",grpc_service="etcdserverpb.KV",grpc_type="unary"} 1"#,
+        r#"grpc_server_handled_total{grpc_code="OutOfRange",grpc_method="Range",grpc_service="etcdserverpb.KV",grpc_type="unary"} 1"#,
+        r#"grpc_server_handling_seconds_bucket{grpc_method="Range",grpc_service="etcdserverpb.KV",grpc_type="unary",le="#,
         "baton_raft_term ",
         "baton_raft_index ",
         "baton_db_size_bytes ",

@@ -70,7 +70,7 @@ fn readme_curl_examples_work_as_written() {
         r#""events":[{"kv":{"key":"Zm9v""#,
         r#""TTL":"60""#,
         r#""succeeded":true"#,
-        "baton_grpc_requests_total",
+        "etcd_mvcc_put_total 2\n",
     ] {
         assert!(
             stdout.contains(expected),

@@ -29,6 +29,8 @@ mod lease_safety;
 mod leases_failover;
 mod lock_cli;
 mod membership;
+mod metrics;
+mod monitoring;
 mod peer_tls;
 mod snapshot;
 mod steady_state;
