@@ -13,12 +13,12 @@
 //! them).
 
 mod access;
-mod anchor_leaf;
 pub mod auth;
 pub mod auth_service;
 pub mod authority;
 pub mod baton_v1;
 mod call_session;
+mod client_verifier;
 pub mod cluster;
 pub mod conn;
 pub mod convert;

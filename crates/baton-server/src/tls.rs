@@ -20,21 +20,17 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::anchor_leaf::AnchorAsLeafVerifier;
+use crate::client_verifier::{AllowedIdentity, ClientVerifier};
 /// rustls's server configuration, re-exported so that users need no rustls of their own.
 pub use baton_tls::{common_name, describe_tls_error};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerifier};
+use rustls::client::danger::ServerCertVerifier;
 use rustls::crypto::{ring, CryptoProvider};
-use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
+use rustls::server::WebPkiClientVerifier;
+use rustls::RootCertStore;
 pub use rustls::ServerConfig;
-use rustls::SignatureScheme;
 use rustls::SupportedCipherSuite;
-use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, RootCertStore};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{
-    CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName, UnixTime,
-};
+use rustls_pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName};
 
 /// Which port a configuration is for: it decides the flags' names in errors.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -192,15 +188,12 @@ pub fn server_config(settings: &TlsSettings) -> Result<Arc<rustls::ServerConfig>
         let verifier = verifier
             .build()
             .map_err(|e| TlsError::Rustls(e.to_string()))?;
-        let verifier: Arc<dyn ClientCertVerifier> =
-            Arc::new(AnchorAsLeafVerifier::new(verifier, anchors, crls));
-        match AllowedIdentity::of(settings)? {
-            None => builder.with_client_cert_verifier(verifier),
-            Some(allowed) => builder.with_client_cert_verifier(Arc::new(AllowedIdentityVerifier {
-                inner: verifier,
-                allowed,
-            })),
-        }
+        builder.with_client_cert_verifier(Arc::new(ClientVerifier {
+            webpki: verifier,
+            anchors,
+            crls,
+            allowed: allowed_identity(settings)?,
+        }))
     } else {
         builder.with_no_client_auth()
     };
@@ -264,100 +257,17 @@ fn root_store(
 
 /// What a client certificate must name beyond chaining to a trusted CA (etcd's
 /// `AllowedCN` / `AllowedHostname`, mutually exclusive as there).
-#[derive(Debug, Clone)]
-enum AllowedIdentity {
-    CommonName(String),
-    Hostname(ServerName<'static>),
-}
-
-impl AllowedIdentity {
-    fn of(settings: &TlsSettings) -> Result<Option<Self>, TlsError> {
-        match (&settings.allowed_cn, &settings.allowed_hostname) {
-            (Some(cn), Some(hostname)) => Err(TlsError::AllowedCnAndHostname {
-                cn: cn.clone(),
-                hostname: hostname.clone(),
-            }),
-            (Some(cn), None) => Ok(Some(AllowedIdentity::CommonName(cn.clone()))),
-            (None, Some(hostname)) => ServerName::try_from(hostname.clone())
-                .map(|name| Some(AllowedIdentity::Hostname(name)))
-                .map_err(|_| TlsError::BadAllowedHostname(hostname.clone())),
-            (None, None) => Ok(None),
-        }
-    }
-
-    fn admits(&self, end_entity: &CertificateDer<'_>) -> bool {
-        match self {
-            AllowedIdentity::CommonName(cn) => {
-                baton_tls::common_name(end_entity).as_deref() == Some(cn)
-            }
-            AllowedIdentity::Hostname(name) => ParsedCertificate::try_from(end_entity)
-                .and_then(|cert| rustls::client::verify_server_name(&cert, name))
-                .is_ok(),
-        }
-    }
-}
-
-/// The chain check of webpki, then [`AllowedIdentity`]. A certificate that chains but names
-/// the wrong identity is refused with a `bad_certificate` alert, as Go's
-/// `VerifyPeerCertificate` failure is ([`CertificateError::NotValidForName`]; the refusal is
-/// logged as etcd words it: `baton_tls::describe_tls_error`).
-#[derive(Debug)]
-struct AllowedIdentityVerifier {
-    inner: Arc<dyn ClientCertVerifier>,
-    allowed: AllowedIdentity,
-}
-
-impl ClientCertVerifier for AllowedIdentityVerifier {
-    fn offer_client_auth(&self) -> bool {
-        self.inner.offer_client_auth()
-    }
-
-    fn client_auth_mandatory(&self) -> bool {
-        self.inner.client_auth_mandatory()
-    }
-
-    fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        self.inner.root_hint_subjects()
-    }
-
-    fn verify_client_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        now: UnixTime,
-    ) -> Result<ClientCertVerified, rustls::Error> {
-        let verified = self
-            .inner
-            .verify_client_cert(end_entity, intermediates, now)?;
-        if self.allowed.admits(end_entity) {
-            Ok(verified)
-        } else {
-            Err(rustls::Error::InvalidCertificate(
-                CertificateError::NotValidForName,
-            ))
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
+fn allowed_identity(settings: &TlsSettings) -> Result<Option<AllowedIdentity>, TlsError> {
+    match (&settings.allowed_cn, &settings.allowed_hostname) {
+        (Some(cn), Some(hostname)) => Err(TlsError::AllowedCnAndHostname {
+            cn: cn.clone(),
+            hostname: hostname.clone(),
+        }),
+        (Some(cn), None) => Ok(Some(AllowedIdentity::CommonName(cn.clone()))),
+        (None, Some(hostname)) => ServerName::try_from(hostname.clone())
+            .map(|name| Some(AllowedIdentity::Hostname(name)))
+            .map_err(|_| TlsError::BadAllowedHostname(hostname.clone())),
+        (None, None) => Ok(None),
     }
 }
 
