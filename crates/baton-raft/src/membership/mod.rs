@@ -62,6 +62,13 @@ pub(crate) use join::{join_existing, probe_while_waiting};
 /// MemberAdd) to finish before giving up with a timeout.
 const IN_PROGRESS_RETRY: Duration = Duration::from_millis(50);
 
+/// What asking openraft for a planned change came to.
+enum Applied {
+    Done(MemberChanged),
+    /// Another configuration is not committed yet: ask the same plan again.
+    InProgress(plan::Plan),
+}
+
 /// Membership changes, made on the leader (routed there from a follower).
 pub(crate) struct Members {
     router: Arc<Router>,
@@ -107,7 +114,23 @@ impl Members {
         let replica = self.router.replica();
         replica.check_running()?;
         replica.transfer.wait(deadline).await;
+        // The plan openraft answered `InProgress` to. Its first step may have appended the
+        // joint configuration before the second step found it uncommitted, and then a
+        // fresh plan would judge a half-made change of its own (a promotion would see the
+        // learner among the joint voters and answer "can only promote a learner member"
+        // for a promotion that is happening). openraft's contract for `InProgress` is to
+        // ask again, and asking the same change again completes it.
+        let mut interrupted: Option<plan::Plan> = None;
         loop {
+            if let Some(planned) = interrupted.take() {
+                match self.apply_plan(planned, deadline).await? {
+                    Applied::Done(changed) => return Ok(changed),
+                    Applied::InProgress(planned) => {
+                        interrupted = Some(planned);
+                        continue;
+                    }
+                }
+            }
             let (membership, matched, last_log) = {
                 let m = replica.raft.metrics();
                 let m = m.borrow();
@@ -155,46 +178,66 @@ impl Members {
                 }
                 return self.add_awaited_voter(planned, added, deadline).await;
             }
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            let res = tokio::time::timeout(
-                remaining,
-                replica
-                    .raft
-                    .change_membership(planned.change, planned.retain),
-            )
-            .await;
-            match res {
-                Err(_) => return Err(ProposeError::Timeout.into()),
-                Ok(Ok(resp)) => {
-                    let after = resp.membership.unwrap_or(membership);
-                    let members = member_infos(&after, replica.member_id, &replica.config);
-                    let added = planned
-                        .added
-                        .and_then(|id| members.iter().find(|m| m.id == id).cloned());
-                    return Ok(MemberChanged {
-                        added,
-                        members,
-                        raft_index: resp.log_id.index,
-                    });
-                }
-                Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
-                    return Err(leader_error(f.leader_id).into())
-                }
-                Ok(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e)))) => match e
-                {
-                    ChangeMembershipError::InProgress(_) => {
-                        if Instant::now() + IN_PROGRESS_RETRY >= deadline {
-                            return Err(ProposeError::Timeout.into());
-                        }
-                        tokio::time::sleep(IN_PROGRESS_RETRY).await;
-                    }
-                    ChangeMembershipError::LearnerNotFound(_) => return Err(MemberError::NotFound),
-                    ChangeMembershipError::EmptyMembership(_) => {
-                        return Err(MemberError::NotEnoughStarted)
-                    }
-                },
-                Ok(Err(RaftError::Fatal(f))) => return Err(replica.fatal_error(&f).into()),
+            match self.apply_plan(planned, deadline).await? {
+                Applied::Done(changed) => return Ok(changed),
+                Applied::InProgress(planned) => interrupted = Some(planned),
             }
+        }
+    }
+
+    /// Asks openraft for `planned`; after `InProgress`, waits a moment and hands the plan
+    /// back to be asked again.
+    async fn apply_plan(
+        &self,
+        planned: plan::Plan,
+        deadline: Instant,
+    ) -> Result<Applied, MemberError> {
+        let replica = self.router.replica();
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let res = tokio::time::timeout(
+            remaining,
+            replica
+                .raft
+                .change_membership(planned.change.clone(), planned.retain),
+        )
+        .await;
+        match res {
+            Err(_) => Err(ProposeError::Timeout.into()),
+            Ok(Ok(resp)) => {
+                let after = resp.membership.unwrap_or_else(|| {
+                    replica
+                        .raft
+                        .metrics()
+                        .borrow()
+                        .membership_config
+                        .membership()
+                        .clone()
+                });
+                let members = member_infos(&after, replica.member_id, &replica.config);
+                let added = planned
+                    .added
+                    .and_then(|id| members.iter().find(|m| m.id == id).cloned());
+                Ok(Applied::Done(MemberChanged {
+                    added,
+                    members,
+                    raft_index: resp.log_id.index,
+                }))
+            }
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
+                Err(leader_error(f.leader_id).into())
+            }
+            Ok(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e)))) => match e {
+                ChangeMembershipError::InProgress(_) => {
+                    if Instant::now() + IN_PROGRESS_RETRY >= deadline {
+                        return Err(ProposeError::Timeout.into());
+                    }
+                    tokio::time::sleep(IN_PROGRESS_RETRY).await;
+                    Ok(Applied::InProgress(planned))
+                }
+                ChangeMembershipError::LearnerNotFound(_) => Err(MemberError::NotFound),
+                ChangeMembershipError::EmptyMembership(_) => Err(MemberError::NotEnoughStarted),
+            },
+            Ok(Err(RaftError::Fatal(f))) => Err(replica.fatal_error(&f).into()),
         }
     }
 
