@@ -65,7 +65,8 @@ pub async fn initial(node: &baton_raft::Node, tls: Option<TlsConfig>) -> Result<
         }
     }
     if mismatches > 0 {
-        bail!("{me:x} found data inconsistency with peers");
+        // etcd's words (etcdmain), which its e2e test and operators' alerts look for.
+        bail!("etcdmain: {me:016x} found data inconsistency with peers");
     }
     tracing::info!(revision, "initial corruption check passed");
     Ok(())

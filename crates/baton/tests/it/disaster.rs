@@ -1,0 +1,205 @@
+//! Disaster recovery on real `baton serve` processes (issue 18 item 4): a cluster that lost
+//! its quorum for good restarted from one member with `--force-new-cluster`, then grown
+//! again with `member add`; `--force-new-cluster` on a member without data refused.
+
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, ConnectOptions, GetOptions};
+
+use crate::common::{free_port_below_ephemeral, Cluster};
+use crate::membership::{
+    agreed_leader, all_started, ctl_ok, member_add, member_list, start_joiner, status,
+};
+
+async fn client(endpoint: &str) -> Client {
+    let opts = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_timeout(Duration::from_secs(5));
+    Client::connect([format!("http://{endpoint}")], Some(opts))
+        .await
+        .unwrap_or_else(|e| panic!("connect to {endpoint}: {e}"))
+}
+
+/// Every `k/NNNN` key with its value, by a serializable read of `endpoint` alone.
+async fn keys_on(endpoint: &str) -> Vec<(String, String)> {
+    let mut c = client(endpoint).await;
+    let got = c
+        .get(
+            "k/",
+            Some(GetOptions::new().with_prefix().with_serializable()),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("get from {endpoint}: {e}"));
+    got.kvs()
+        .iter()
+        .map(|kv| {
+            (
+                kv.key_str().unwrap().to_string(),
+                kv.value_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn expected(n: usize) -> Vec<(String, String)> {
+    (0..n)
+        .map(|i| (format!("k/{i:04}"), format!("v{i}")))
+        .collect()
+}
+
+/// Three members; every write is acknowledged by the leader; then both followers are
+/// killed for good and the leader too (kill -9: whatever it had not made durable is lost,
+/// and Baton writes its commit index lazily, so its last acknowledged entries lie after the
+/// persisted one). Restarted alone with `--force-new-cluster` it serves every acknowledged
+/// key, reads and writes, as a one-member cluster; it stays one after a restart without the
+/// flag; a member added with `member add` and started with `--initial-cluster-state
+/// existing` on an empty directory catches up; a member of the old cluster that comes back
+/// with its old data is told it was removed and stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_new_cluster_restarts_a_survivor_alone_then_grows_again() {
+    let dir = tempfile::tempdir().unwrap();
+    // Snapshots every 100 entries: the survivor starts from a snapshot plus a log tail.
+    let mut cluster = Cluster::start(dir.path(), 3, &["--snapshot-count", "100"]);
+    let eps: Vec<String> = cluster.members.iter().map(|m| m.endpoint()).collect();
+    let (leader, leader_id) = agreed_leader(&eps, Duration::from_secs(10)).await;
+    all_started(&cluster.endpoints(), 3).await;
+
+    const N: usize = 250;
+    let mut c = client(&eps[leader]).await;
+    for (k, v) in expected(N) {
+        c.put(k, v, None).await.expect("an acknowledged write");
+    }
+    drop(c);
+    for i in (0..3).filter(|i| *i != leader) {
+        cluster.members[i].kill9();
+    }
+    cluster.members[leader].kill9();
+
+    // Restarted with its data as a one-member cluster.
+    let survivor = &mut cluster.members[leader];
+    survivor.extra_args.push("--force-new-cluster".into());
+    survivor.spawn();
+    let ep = survivor.endpoint();
+    assert!(
+        survivor
+            .log()
+            .contains("--force-new-cluster: this member is now the only voter"),
+        "{}",
+        survivor.log()
+    );
+    let listed = member_list(&ep).await;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].id, leader_id, "{listed:?}");
+    assert!(listed[0].started && !listed[0].learner, "{listed:?}");
+    let (me, leads, _) = status(&ep).await.unwrap();
+    assert_eq!((me, leads), (leader_id, leader_id));
+    assert_eq!(keys_on(&ep).await, expected(N), "acknowledged keys lost");
+    // Linearizable reads and writes: it commits on its own.
+    ctl_ok(&ep, &["put", "k/after-force", "1"]).await;
+    let got = ctl_ok(&ep, &["get", "k/after-force", "--print-value-only"]).await;
+    assert_eq!(got.trim(), "1");
+
+    // The forced configuration is in its log: a restart without the flag stays alone.
+    survivor.terminate();
+    survivor.extra_args.retain(|a| a != "--force-new-cluster");
+    survivor.spawn();
+    assert_eq!(member_list(&ep).await.len(), 1);
+    ctl_ok(&ep, &["put", "k/after-restart", "2"]).await;
+
+    // Grown again: `member add`, then the new member joins with an empty directory.
+    let peer_port = free_port_below_ephemeral();
+    let peer_url = format!("http://127.0.0.1:{peer_port}");
+    let (new_id, initial) = member_add(&ep, "m4", &peer_url, false).await;
+    let joiner = start_joiner(dir.path(), "m4", peer_port, &initial, &cluster.token);
+    let both = format!("{ep},{}", joiner.endpoint());
+    let members = all_started(&both, 2).await;
+    assert!(members.iter().any(|m| m.id == new_id), "{members:?}");
+    ctl_ok(&both, &["put", "k/after-grow", "3"]).await;
+    let mut want = expected(N);
+    want.extend([
+        ("k/after-force".to_string(), "1".to_string()),
+        ("k/after-grow".to_string(), "3".to_string()),
+        ("k/after-restart".to_string(), "2".to_string()),
+    ]);
+    want.sort();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = keys_on(&joiner.endpoint()).await;
+        if got == want {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the new member did not catch up: {} of {} keys",
+            got.len(),
+            want.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A member of the old cluster back with its old data: the leader refuses it as removed
+    // and it stops; the new cluster goes on.
+    let old = &mut cluster.members[(leader + 1) % 3];
+    old.spawn();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while old.child.as_mut().unwrap().try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the old member still runs: {}",
+            old.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    old.child = None;
+    assert!(
+        old.log()
+            .contains("the member has been permanently removed from the cluster"),
+        "{}",
+        old.log()
+    );
+    ctl_ok(&both, &["put", "k/end", "4"]).await;
+    assert_eq!(member_list(&both).await.len(), 2);
+}
+
+/// `--force-new-cluster` on a member without data is refused with one clear line, and
+/// nothing is created.
+#[test]
+fn force_new_cluster_without_data_is_refused_and_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("none");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_baton"))
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .arg("--listen-client-urls")
+        .arg(format!("http://127.0.0.1:{}", free_port_below_ephemeral()))
+        .arg("--listen-peer-urls")
+        .arg(format!("http://127.0.0.1:{}", free_port_below_ephemeral()))
+        .arg("--listen-metrics-urls")
+        .arg(format!("http://127.0.0.1:{}", free_port_below_ephemeral()))
+        .arg("--force-new-cluster")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "--force-new-cluster needs this member's data, but the data directory holds none"
+        ),
+        "{stderr}"
+    );
+    assert!(!data_dir.exists(), "{stderr}");
+    // An existing but empty directory stays empty.
+    std::fs::create_dir(&data_dir).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["serve", "--force-new-cluster", "--data-dir"])
+        .arg(&data_dir)
+        .arg("--listen-client-urls")
+        .arg(format!("http://127.0.0.1:{}", free_port_below_ephemeral()))
+        .arg("--listen-metrics-urls")
+        .arg(format!("http://127.0.0.1:{}", free_port_below_ephemeral()))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert_eq!(std::fs::read_dir(&data_dir).unwrap().count(), 0);
+}
