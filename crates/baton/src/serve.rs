@@ -192,6 +192,11 @@ pub struct ServeArgs {
     /// without data.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
     force_new_cluster: bool,
+    /// How often the leader compares every member's key-space hash with its own and raises
+    /// the CORRUPT alarm on a mismatch (etcd's periodic corruption check; a Go duration such
+    /// as `5m`). `0`, the default as etcd's, disables it.
+    #[arg(long, default_value = "0", value_parser = crate::corrupt_check::parse_go_duration)]
+    experimental_corrupt_check_time: Duration,
     /// Log filter (tracing's env-filter syntax), e.g. `info` or `baton_raft=debug`.
     #[arg(long, default_value = "info,openraft=warn")]
     log_level: String,
@@ -428,6 +433,14 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
             node.shutdown().await;
             return Err(e);
         }
+    }
+
+    if !args.experimental_corrupt_check_time.is_zero() {
+        tokio::spawn(crate::corrupt_check::periodic(
+            node.clone(),
+            client_tls_for_peers(&args),
+            args.experimental_corrupt_check_time,
+        ));
     }
 
     let auth = baton_server::auth::Authenticator::from_flags(

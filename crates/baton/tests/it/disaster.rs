@@ -1,12 +1,15 @@
 //! Disaster recovery on real `baton serve` processes (issue 18 item 4): a cluster that lost
 //! its quorum for good restarted from one member with `--force-new-cluster`, then grown
-//! again with `member add`; `--force-new-cluster` on a member without data refused.
+//! again with `member add`; `--force-new-cluster` on a member without data refused; a
+//! member whose data was changed offline found by the initial corruption check (it refuses
+//! to start) and by the leader's periodic one (the CORRUPT alarm).
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, ConnectOptions, GetOptions};
 
-use crate::common::{free_port_below_ephemeral, Cluster};
+use crate::common::{free_port_below_ephemeral, Baton, Cluster};
 use crate::membership::{
     agreed_leader, all_started, ctl_ok, member_add, member_list, start_joiner, status,
 };
@@ -202,4 +205,169 @@ fn force_new_cluster_without_data_is_refused_and_creates_nothing() {
         .unwrap();
     assert!(!out.status.success());
     assert_eq!(std::fs::read_dir(&data_dir).unwrap().count(), 0);
+}
+
+/// Replaces `from` by `to` (as long) in every record of a stopped member's Raft log that
+/// holds it, and recomputes the record's checksum: a valid record of other data, as etcd's
+/// `TestEtcdCorruptHash` writes a valid bbolt transaction into a stopped member's database.
+/// Nothing in the member can tell: this is the silent corruption the checks are for (a
+/// bit flip the checksum catches is refused at start instead). Returns the records changed.
+fn plant_in_log(data_dir: &Path, from: &[u8], to: &[u8]) -> usize {
+    assert_eq!(from.len(), to.len());
+    let mut changed = 0;
+    for file in std::fs::read_dir(data_dir.join("raft").join("wal")).unwrap() {
+        let path = file.unwrap().path();
+        let mut bytes = std::fs::read(&path).unwrap();
+        // `[len u32 LE][crc32(len ‖ payload) u32 LE][payload]`, then zeros (wal/record.rs).
+        let mut at = 0;
+        while at + 8 <= bytes.len() {
+            let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+            if len == 0 {
+                break;
+            }
+            let payload = at + 8..at + 8 + len;
+            if let Some(i) = bytes[payload.clone()]
+                .windows(from.len())
+                .position(|w| w == from)
+            {
+                let start = payload.start + i;
+                bytes[start..start + to.len()].copy_from_slice(to);
+                let mut crc = crc32fast::Hasher::new();
+                crc.update(&(len as u32).to_le_bytes());
+                crc.update(&bytes[payload.clone()]);
+                bytes[at + 4..at + 8].copy_from_slice(&crc.finalize().to_le_bytes());
+                changed += 1;
+            }
+            at = payload.end;
+        }
+        std::fs::write(&path, &bytes).unwrap();
+    }
+    changed
+}
+
+/// Runs `baton serve` for `member` with `extra` flags until it exits (it must, within
+/// 30 s); returns its exit success and its output.
+fn serve_until_exit(member: &Baton, extra: &[&str]) -> (bool, String) {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_baton"))
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(&member.data_dir)
+        .arg("--listen-client-urls")
+        .arg(member.url())
+        .arg("--listen-metrics-urls")
+        .arg(format!("http://127.0.0.1:{}", member.metrics_port))
+        .arg("--listen-peer-urls")
+        .arg(format!("http://127.0.0.1:{}", member.peer_port))
+        .args(&member.extra_args)
+        .args(extra)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "baton serve {extra:?} still runs after 30 s: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Three members with the periodic check every second raise no alarm while they agree.
+/// Then one member's copy of a value is changed offline in its log (a valid record, see
+/// [`plant_in_log`]): restarted with `--experimental-initial-corrupt-check` it refuses to
+/// start with etcd's line; restarted without, it serves its diverged value, and the
+/// leader's periodic check raises the CORRUPT alarm for exactly that member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_diverged_member_is_found_at_start_and_by_the_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 3, &["--experimental-corrupt-check-time", "1s"]);
+    let eps: Vec<String> = cluster.members.iter().map(|m| m.endpoint()).collect();
+    let (leader, _) = agreed_leader(&eps, Duration::from_secs(10)).await;
+    all_started(&cluster.endpoints(), 3).await;
+    let mut c = client(&eps[leader]).await;
+    for i in 0..20 {
+        c.put(format!("k/{i:04}"), format!("v{i}"), None)
+            .await
+            .unwrap();
+    }
+    c.put("k/planted", "value-before-0001", None).await.unwrap();
+    drop(c);
+    for ep in &eps {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while keys_on(ep).await.len() < 21 {
+            assert!(Instant::now() < deadline, "{ep} did not apply the writes");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    // Several rounds of the check while all agree: no alarm.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let alarms = ctl_ok(&eps[leader], &["alarm", "list"]).await;
+    assert_eq!(alarms.trim(), "", "an alarm while the members agree");
+
+    let victim = (leader + 1) % 3;
+    let (victim_id, _, _) = status(&eps[victim]).await.unwrap();
+    cluster.members[victim].terminate();
+    let member = &cluster.members[victim];
+    let snaps = std::fs::read_dir(member.data_dir.join("snap"))
+        .unwrap()
+        .count();
+    assert_eq!(snaps, 0, "a snapshot holds the value too: plant it there");
+    let planted = plant_in_log(&member.data_dir, b"value-before-0001", b"value-AFTER!-0001");
+    assert!(planted >= 1, "the value is not in the log as written");
+
+    // The initial check: refused, with etcd's words.
+    let (ok, said) = serve_until_exit(member, &["--experimental-initial-corrupt-check"]);
+    assert!(!ok, "{said}");
+    assert!(
+        said.contains(&format!(
+            "etcdmain: {victim_id:016x} found data inconsistency with peers"
+        )),
+        "{said}"
+    );
+
+    // Without it, it serves its diverged value, and the leader raises CORRUPT for it.
+    cluster.members[victim].spawn();
+    let got = ctl_ok(
+        &eps[victim],
+        &["get", "k/planted", "--consistency=s", "--print-value-only"],
+    )
+    .await;
+    assert_eq!(got.trim(), "value-AFTER!-0001", "the plant took no effect");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let alarms = ctl_ok(&eps[leader], &["alarm", "list"]).await;
+        if !alarms.trim().is_empty() {
+            assert_eq!(
+                alarms.trim(),
+                format!("memberID:{victim_id} alarm:CORRUPT"),
+                "{}",
+                cluster.logs()
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no CORRUPT alarm: {}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        cluster.members[leader]
+            .log()
+            .contains(&format!("{victim_id:016x}'s hash")),
+        "{}",
+        cluster.members[leader].log()
+    );
 }
