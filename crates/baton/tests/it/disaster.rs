@@ -164,6 +164,79 @@ async fn force_new_cluster_restarts_a_survivor_alone_then_grows_again() {
     assert_eq!(member_list(&both).await.len(), 2);
 }
 
+/// A backup restored (`baton snapshot restore`) as one member of a three-member cluster
+/// whose other members will never run: its data is a snapshot and no log at all, and
+/// `--force-new-cluster` starts it alone (the forced entry follows the snapshot) with every
+/// key of the backup, writable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_new_cluster_on_a_restored_backup_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = Baton::start(&dir.path().join("source"));
+    let mut c = client(&source.endpoint()).await;
+    for (k, v) in expected(30) {
+        c.put(k, v, None).await.unwrap();
+    }
+    drop(c);
+    let file = dir.path().join("backup.db");
+    let saved = crate::common::etcdctl(
+        &source.endpoint(),
+        &["snapshot", "save", file.to_str().unwrap()],
+        None,
+    );
+    assert_eq!(saved.code, 0, "{saved:?}");
+    drop(source);
+
+    let ports: Vec<u16> = (0..3).map(|_| free_port_below_ephemeral()).collect();
+    let initial = ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("m{}=http://127.0.0.1:{p}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",");
+    let data_dir = dir.path().join("m1");
+    let out = crate::common::baton_cmd()
+        .args(["snapshot", "restore"])
+        .arg(&file)
+        .args(["--name", "m1", "--initial-cluster", &initial])
+        .args(["--initial-cluster-token", "restored"])
+        .args([
+            "--initial-advertise-peer-urls",
+            &format!("http://127.0.0.1:{}", ports[0]),
+        ])
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let mut m1 = Baton {
+        child: None,
+        data_dir,
+        client_port: free_port_below_ephemeral(),
+        metrics_port: free_port_below_ephemeral(),
+        peer_port: ports[0],
+        extra_args: [
+            "--name",
+            "m1",
+            "--initial-cluster",
+            &initial,
+            "--initial-cluster-token",
+            "restored",
+            "--force-new-cluster",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+        nofile_limit: None,
+        client_urls: None,
+        peer_scheme: "http",
+    };
+    m1.spawn();
+    let ep = m1.endpoint();
+    assert_eq!(member_list(&ep).await.len(), 1);
+    assert_eq!(keys_on(&ep).await, expected(30));
+    ctl_ok(&ep, &["put", "k/after", "1"]).await;
+}
+
 /// `--force-new-cluster` on a member without data is refused with one clear line, and
 /// nothing is created.
 #[test]
