@@ -181,6 +181,16 @@ async fn check_as_leader(node: &baton_raft::Node, tls: Option<&TlsConfig>) -> Re
         }
     }
     if let Some(id) = corrupt {
+        // Raised already (an earlier round): nothing to propose; the alarm stays until an
+        // operator disarms it.
+        let raised = node.read(|sm| {
+            sm.alarms()
+                .iter()
+                .any(|(member, alarm)| *member == id && alarm.name() == "CORRUPT")
+        });
+        if raised {
+            return Ok(None);
+        }
         node.raise_corrupt_alarm(id)
             .await
             .map_err(|e| anyhow!("raising the CORRUPT alarm for {id:016x}: {e}"))?;

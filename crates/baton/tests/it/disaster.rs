@@ -443,4 +443,13 @@ async fn a_diverged_member_is_found_at_start_and_by_the_leader() {
         "{}",
         cluster.members[leader].log()
     );
+    // Later rounds find it raised and propose nothing more.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let log = cluster.members[leader].log();
+    assert_eq!(
+        log.matches("corruption check: raised the CORRUPT alarm")
+            .count(),
+        1,
+        "{log}"
+    );
 }
