@@ -176,6 +176,10 @@ pub enum AlarmAction {
 pub enum AlarmType {
     /// A member's disk is (nearly) full: writes that add data are refused until it clears.
     NoSpace,
+    /// The members' key spaces differ at the same revision (etcd's corruption checks). What
+    /// it refuses while raised is the alarm path's (`state_machine/alarm.rs`); raising and
+    /// listing it is this variant.
+    Corrupt,
 }
 
 impl AlarmType {
@@ -183,6 +187,7 @@ impl AlarmType {
     pub fn name(self) -> &'static str {
         match self {
             AlarmType::NoSpace => "NOSPACE",
+            AlarmType::Corrupt => "CORRUPT",
         }
     }
 }

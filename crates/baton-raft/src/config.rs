@@ -48,6 +48,9 @@ pub struct NodeConfig {
     /// etcd's `--strict-reconfig-check` (default on): membership changes that would leave
     /// fewer started voters than a quorum are refused (`membership::plan`).
     pub strict_reconfig_check: bool,
+    /// etcd's `--force-new-cluster`: restart this member, with its data, as the only voter
+    /// of its cluster (`force`). Refused on a member without data.
+    pub force_new_cluster: bool,
 }
 
 impl NodeConfig {
@@ -67,6 +70,7 @@ impl NodeConfig {
             env: Environment::default(),
             disk_reserve_bytes: space::DEFAULT_SPACE_RESERVE_BYTES,
             strict_reconfig_check: true,
+            force_new_cluster: false,
         }
     }
 }

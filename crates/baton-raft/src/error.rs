@@ -59,6 +59,13 @@ pub enum StartError {
     /// directory) failed.
     #[error(transparent)]
     Join(#[from] JoinError),
+    /// `--force-new-cluster` on a member without data: there is nothing to restart as a
+    /// one-member cluster (and nothing is created).
+    #[error(
+        "--force-new-cluster needs this member's data, but the data directory holds none \
+         (a new member is started without the flag)"
+    )]
+    ForceNewClusterWithoutData,
     /// A peer address could not be bound.
     #[error("cannot listen for peers on {addr}: {source}")]
     Bind {

@@ -28,7 +28,8 @@
 //!   on the leader's clock), `disk_watch`, `ticker` (the periodic duties), `publish`,
 //!   `membership` (changes; `plan`: etcd's checks as a pure function; `join`), `election`
 //!   (the pre-vote timer), `transfer` (leader transfer);
-//! - `restore`: a new data directory from a backup (`baton snapshot restore`);
+//! - `restore`: a new data directory from a backup (`baton snapshot restore`); `force`:
+//!   `--force-new-cluster`'s membership entry, written into the log before openraft starts;
 //! - the top: `leader_service` (the leader's side of forwarded requests), `peer_server` (the
 //!   peer service), `node` ([`Node`], the API), `start` ([`Node::start`]).
 //!
@@ -57,6 +58,7 @@ mod env;
 mod error;
 mod fencing_duty;
 mod files;
+mod force;
 mod forward;
 #[cfg(test)]
 mod golden;

@@ -233,6 +233,21 @@ impl Node {
         self.parts.fencing.rotate().await
     }
 
+    /// Raises etcd's `CORRUPT` alarm for `member_id`: the leader's periodic corruption
+    /// check found that member's key space different from its own at the same revision.
+    /// Proposed only here, on the leader (a leader duty, see `origin`: no client or peer
+    /// raises it); on another member the proposer answers [`ProposeError::NotLeader`].
+    pub async fn raise_corrupt_alarm(&self, member_id: u64) -> Result<Proposed, ProposeError> {
+        self.parts
+            .replica
+            .propose(Command::Alarm {
+                action: baton_core::AlarmAction::Activate,
+                member_id,
+                alarm: baton_core::AlarmType::Corrupt,
+            })
+            .await
+    }
+
     pub fn status(&self) -> NodeStatus {
         let replica = &self.parts.replica;
         let m = replica.raft.metrics();

@@ -34,7 +34,7 @@ use crate::replica::Replica;
 use crate::routing::Router;
 use crate::sm::{AppliedState, CurrentSnapshot, Shared, StateStore};
 use crate::types::{Member, Raft};
-use crate::{publish, snapshot, space, ticker, wal, wire};
+use crate::{force, publish, snapshot, space, ticker, wal, wire};
 
 /// The ids `--initial-cluster` derives for a multi-member cluster, and its state.
 type Initial = (DerivedIds, InitialClusterState);
@@ -54,10 +54,17 @@ impl Node {
             )),
         };
         let timing = ElectionTiming::of(&config)?;
+        // Checked before the directory is created: a refused start leaves nothing behind.
+        if config.force_new_cluster && !config.data_dir.join("member.meta").exists() {
+            return Err(StartError::ForceNewClusterWithoutData);
+        }
         let dir = DataDir::open(&config.data_dir)?;
         let (state, current_snapshot) = load_state(&dir.snap)?;
         let recovered = wal::recover(&dir.raft)?;
         let pristine = recovered.mem.is_pristine() && current_snapshot.is_none();
+        if config.force_new_cluster && pristine {
+            return Err(StartError::ForceNewClusterWithoutData);
+        }
         // This replica's randomness (`Environment::rng`): a new identity, then the election
         // timeout and lease ids. Drawn before the identity, which only a single-member
         // cluster mints (the simulation's members derive theirs, so its draws are unchanged).
@@ -86,10 +93,38 @@ impl Node {
         }
 
         let raft_config = raft_config(&config, timing, member.cluster_id, &mut rng)?;
+        let (applied_log_id, applied_membership) = (state.last_applied, state.membership.clone());
         let hub = WatchHub::new(config.max_pending_watch_events);
         let space = space::Space::new(config.disk_reserve_bytes, config.env.disk.is_none());
         let shared = Arc::new(Shared::new(state, hub, dir.snap, current_snapshot, space));
-        let (log_store, wal) = wal::open(&dir.raft, recovered, config.env.disk.clone())?;
+        let (mut log_store, wal) = wal::open(&dir.raft, recovered, config.env.disk.clone())?;
+        if config.force_new_cluster {
+            let own = Member {
+                name: config.name.clone(),
+                peer_urls: config.peer_urls.clone(),
+                client_urls: config.client_urls.clone(),
+            };
+            let forced = force::make_standalone(
+                &mut log_store,
+                applied_log_id,
+                &applied_membership,
+                member.member_id,
+                own,
+            )
+            .await;
+            match forced {
+                Ok(f) => tracing::warn!(
+                    removed = ?f.removed.iter().map(|id| format!("{id:x}")).collect::<Vec<_>>(),
+                    log_id = %f.log_id,
+                    "--force-new-cluster: this member is now the only voter of its cluster; \
+                     the other members are removed"
+                ),
+                Err(e) => {
+                    wal.stop().await;
+                    return Err(e);
+                }
+            }
+        }
         let credential = config
             .cluster
             .as_ref()

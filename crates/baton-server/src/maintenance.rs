@@ -14,18 +14,19 @@ use crate::Shared;
 
 mod snapshot_stream;
 
-/// The core's alarm for etcd's `AlarmType` (`None` for `NONE`, "any", and for alarms Baton
-/// never raises).
+/// The core's alarm for etcd's `AlarmType` (`None` for `NONE`, "any").
 fn core_alarm(alarm: pb::AlarmType) -> Option<AlarmType> {
     match alarm {
         pb::AlarmType::Nospace => Some(AlarmType::NoSpace),
-        pb::AlarmType::None | pb::AlarmType::Corrupt => None,
+        pb::AlarmType::Corrupt => Some(AlarmType::Corrupt),
+        pb::AlarmType::None => None,
     }
 }
 
 fn alarm_member((member_id, alarm): (u64, AlarmType)) -> pb::AlarmMember {
     let alarm = match alarm {
         AlarmType::NoSpace => pb::AlarmType::Nospace,
+        AlarmType::Corrupt => pb::AlarmType::Corrupt,
     };
     pb::AlarmMember {
         member_id,

@@ -44,7 +44,7 @@ pub struct ImportInfo {
     pub members: Vec<(u64, String)>,
     /// Buckets neither etcd 3.4 nor Baton writes (ignored).
     pub unknown_buckets: Vec<String>,
-    /// Alarms Baton has no such type for (etcd's `CORRUPT`): not carried over.
+    /// Alarms other than `NOSPACE` (etcd's `CORRUPT`): not carried over.
     pub alarms_dropped: u64,
     pub summary: ImportSummary,
 }

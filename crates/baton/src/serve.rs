@@ -186,6 +186,17 @@ pub struct ServeArgs {
     /// corruption check). Members that cannot be asked are logged and skipped, as etcd does.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
     experimental_initial_corrupt_check: bool,
+    /// Restart this member, with its data, as the only voter of its cluster (etcd's flag):
+    /// the path when a quorum is lost for good (docs/disaster-recovery.md). The other
+    /// members are removed; grow the cluster again with `member add`. Refused on a member
+    /// without data.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
+    force_new_cluster: bool,
+    /// How often the leader compares every member's key-space hash with its own and raises
+    /// the CORRUPT alarm on a mismatch (etcd's periodic corruption check; a Go duration such
+    /// as `5m`). `0s`, the default as etcd's, disables it.
+    #[arg(long, default_value = "0s", value_parser = crate::corrupt_check::parse_go_duration)]
+    experimental_corrupt_check_time: Duration,
     /// Log filter (tracing's env-filter syntax), e.g. `info` or `baton_raft=debug`.
     #[arg(long, default_value = "info,openraft=warn")]
     log_level: String,
@@ -405,6 +416,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
     node_config.cluster = cluster;
     node_config.env.transport = peer_listen.transport;
     node_config.strict_reconfig_check = args.strict_reconfig_check;
+    node_config.force_new_cluster = args.force_new_cluster;
 
     crate::etcd_datadir::adopt(
         &args.data_dir,
@@ -421,6 +433,14 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
             node.shutdown().await;
             return Err(e);
         }
+    }
+
+    if !args.experimental_corrupt_check_time.is_zero() {
+        tokio::spawn(crate::corrupt_check::periodic(
+            node.clone(),
+            client_tls_for_peers(&args),
+            args.experimental_corrupt_check_time,
+        ));
     }
 
     let auth = baton_server::auth::Authenticator::from_flags(

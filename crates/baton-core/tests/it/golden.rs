@@ -653,8 +653,9 @@ fn nested_enums_are_pinned() {
     ));
     problems.extend(check_enum(
         "alarm_type",
-        named(vec![AlarmType::NoSpace], |a| match a {
+        named(vec![AlarmType::NoSpace, AlarmType::Corrupt], |a| match a {
             AlarmType::NoSpace => "no_space",
+            AlarmType::Corrupt => "corrupt",
         }),
     ));
     problems.extend(check_enum(

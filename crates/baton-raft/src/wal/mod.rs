@@ -40,4 +40,4 @@ mod writer;
 mod tests;
 
 pub(crate) use recovery::{open, recover};
-pub(crate) use store::WalHandle;
+pub(crate) use store::{LogStore, WalHandle};

@@ -191,6 +191,14 @@ impl LogStore {
         Ok(())
     }
 
+    /// Appends `entry` before openraft runs (`force`: `--force-new-cluster`'s membership
+    /// entry). Like every append it is checksummed and fsynced; nobody waits for it here: the
+    /// caller's next `save_vote` is written only after it is durable (`Writer::process`).
+    pub(crate) fn append_before_start(&mut self, entry: RaftEntry) -> Result<(), String> {
+        self.append_entries(vec![entry], None)
+            .map_err(|e| StorageError::from(e).to_string())
+    }
+
     /// Lets the oldest cached entries go once they are durable (see [`MemLog::evict`]).
     pub(super) fn evict(&mut self) {
         let durable = *self.durable.lock();

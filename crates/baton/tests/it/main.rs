@@ -12,6 +12,7 @@ mod client_load;
 mod cluster;
 mod common;
 mod datadir_v1;
+mod disaster;
 mod disk_full;
 mod durability;
 mod etcd3gw;

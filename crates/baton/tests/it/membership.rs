@@ -22,7 +22,7 @@ async fn client(endpoint: &str) -> Client {
 }
 
 /// `(member_id, leader, raft_term)` of one member, if it answers `Status`.
-async fn status(endpoint: &str) -> Option<(u64, u64, u64)> {
+pub(crate) async fn status(endpoint: &str) -> Option<(u64, u64, u64)> {
     let st = async {
         let mut c = client(endpoint).await;
         let s = c.status().await.ok()?;
@@ -36,7 +36,7 @@ async fn status(endpoint: &str) -> Option<(u64, u64, u64)> {
 
 /// Waits until every listed member reports the same leader, which is one of them; returns
 /// `(index in endpoints, leader id)`.
-async fn agreed_leader(endpoints: &[String], within: Duration) -> (usize, u64) {
+pub(crate) async fn agreed_leader(endpoints: &[String], within: Duration) -> (usize, u64) {
     let deadline = Instant::now() + within;
     loop {
         let mut st = Vec::new();
@@ -63,7 +63,7 @@ async fn agreed_leader(endpoints: &[String], within: Duration) -> (usize, u64) {
 }
 
 /// Runs etcdctl in a blocking thread (it is a process; the test runtime has few threads).
-async fn ctl(endpoints: &str, args: &[&str]) -> Out {
+pub(crate) async fn ctl(endpoints: &str, args: &[&str]) -> Out {
     let endpoints = endpoints.to_string();
     let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     tokio::task::spawn_blocking(move || {
@@ -75,7 +75,7 @@ async fn ctl(endpoints: &str, args: &[&str]) -> Out {
 }
 
 /// etcdctl must succeed; returns its stdout.
-async fn ctl_ok(endpoints: &str, args: &[&str]) -> String {
+pub(crate) async fn ctl_ok(endpoints: &str, args: &[&str]) -> String {
     let out = ctl(endpoints, args).await;
     assert_eq!(out.code, 0, "etcdctl {args:?} failed: {out:?}");
     out.stdout
@@ -95,16 +95,16 @@ async fn ctl_err(endpoints: &str, args: &[&str], message: &str) {
 
 /// One line of `etcdctl member list`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Listed {
-    id: u64,
-    started: bool,
-    name: String,
-    peer_urls: String,
-    client_urls: String,
-    learner: bool,
+pub(crate) struct Listed {
+    pub(crate) id: u64,
+    pub(crate) started: bool,
+    pub(crate) name: String,
+    pub(crate) peer_urls: String,
+    pub(crate) client_urls: String,
+    pub(crate) learner: bool,
 }
 
-async fn member_list(endpoints: &str) -> Vec<Listed> {
+pub(crate) async fn member_list(endpoints: &str) -> Vec<Listed> {
     let out = ctl_ok(endpoints, &["member", "list"]).await;
     out.lines()
         .map(|l| {
@@ -142,7 +142,12 @@ fn token(cluster: &Cluster) -> String {
 
 /// `etcdctl member add NAME --peer-urls=URL [--learner]`: checks etcd's output and returns
 /// the new member's id and the `ETCD_INITIAL_CLUSTER` etcdctl prints for it.
-async fn member_add(endpoints: &str, name: &str, peer_url: &str, learner: bool) -> (u64, String) {
+pub(crate) async fn member_add(
+    endpoints: &str,
+    name: &str,
+    peer_url: &str,
+    learner: bool,
+) -> (u64, String) {
     let peer_flag = format!("--peer-urls={peer_url}");
     let mut args = vec!["member", "add", name, &peer_flag];
     if learner {
@@ -176,7 +181,7 @@ async fn member_add(endpoints: &str, name: &str, peer_url: &str, learner: bool) 
 
 /// Starts a member that joins an existing cluster: `--initial-cluster-state existing`, an
 /// empty data directory under `dir`.
-fn start_joiner(
+pub(crate) fn start_joiner(
     dir: &std::path::Path,
     name: &str,
     peer_port: u16,
@@ -260,7 +265,7 @@ async fn wait_started(endpoints: &str, id: u64, within: Duration) -> Listed {
 ///
 /// Asks every endpoint: a member always shows itself with its configured name, so one
 /// member's list does not prove that the others know its name.
-async fn all_started(endpoints: &str, n: usize) -> Vec<Listed> {
+pub(crate) async fn all_started(endpoints: &str, n: usize) -> Vec<Listed> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let mut list = Vec::new();
