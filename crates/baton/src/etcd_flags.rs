@@ -256,7 +256,7 @@ const ETCD_FLAGS: &[Spec] = &[
         "Baton always verifies peer certificates' names",
     ),
     map("cors", false, |v| {
-        if v.split(',').all(|o| o.trim() == "*") {
+        if v.split(',').all(|o| matches!(o.trim(), "*" | "")) {
             Ok(vec![])
         } else {
             Err("Baton's HTTP endpoints answer every origin alike; only \"*\" (allow all, etcd's default) is accepted".into())
@@ -666,8 +666,8 @@ fn parse_go_args(
             .filter(|b| !b.is_empty() && !b.starts_with('-') && !b.starts_with('='))
         else {
             return match arg.as_str() {
-                "gateway" => err("'gateway' is not a valid flag: etcd's `etcd gateway start` is `baton gateway start` (the e2e wrapper maps it)"),
-                "grpc-proxy" => err("'grpc-proxy' is not a valid flag: etcd's gRPC proxy (`etcd grpc-proxy`) is not provided; clients can talk to the members directly"),
+                "gateway" => err("gateway: etcd's `etcd gateway start` is `baton gateway start`"),
+                "grpc-proxy" => err("grpc-proxy: etcd's gRPC proxy is not provided (clients can use the members' client URLs, or `baton gateway start` for a TCP proxy)"),
                 _ => err(format!("'{arg}' is not a valid flag")),
             };
         };
