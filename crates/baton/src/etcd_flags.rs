@@ -44,6 +44,10 @@ fn err<T>(msg: impl Into<String>) -> Result<T, FlagError> {
     Err(FlagError(msg.into()))
 }
 
+/// A mapping from an etcd flag's value to Baton's flags (name, value), or why the value is
+/// refused.
+type Mapping = fn(&str) -> Result<Vec<(&'static str, String)>, String>;
+
 /// What Baton does with one of etcd's flags.
 #[derive(Clone, Copy)]
 enum Kind {
@@ -54,7 +58,7 @@ enum Kind {
     /// otherwise refused with `--name: why`.
     Refuse(fn(&str) -> bool, &'static str),
     /// Translated into Baton's flags (or into nothing): `Ok(pairs)`, or the refusal's reason.
-    Map(fn(&str) -> Result<Vec<(&'static str, String)>, String>),
+    Map(Mapping),
     /// etcd's own ignored flags (`etcdmain/config.go`'s `ignored`): accepted with a warning,
     /// as etcd does.
     Ignored,
@@ -84,11 +88,7 @@ const fn refuse(name: &'static str, bool: bool, ok: fn(&str) -> bool, why: &'sta
     }
 }
 
-const fn map(
-    name: &'static str,
-    bool: bool,
-    f: fn(&str) -> Result<Vec<(&'static str, String)>, String>,
-) -> Spec {
+const fn map(name: &'static str, bool: bool, f: Mapping) -> Spec {
     Spec {
         name,
         bool,

@@ -170,7 +170,8 @@ fn serve_from_etcd_environment_variables() {
 #[test]
 fn refused_flags_are_one_line_each() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&[&str], &[(&str, &str)], &str); 5] = [
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case; 5] = [
         (&["--enable-v2"], &[], "baton serve: --enable-v2: the v2 API is not provided"),
         (&[], &[("ETCD_ENABLE_V2", "true")], "baton serve: --enable-v2: the v2 API is not provided"),
         (&["--wal-dir", "/tmp/w"], &[], "baton serve: --wal-dir: Baton keeps its Raft log inside --data-dir (raft/); a separate WAL directory is not provided"),
