@@ -101,3 +101,37 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogOutputs {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tracing_subscriber::fmt::MakeWriter;
+
+    #[test]
+    fn every_file_output_gets_each_whole_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.log"), dir.path().join("b.log"));
+        std::fs::write(&a, "before\n").unwrap();
+        let outputs = LogOutputs::open(&format!("{}, {}", a.display(), b.display())).unwrap();
+        assert!(!outputs.stderr && !outputs.stdout && !outputs.is_terminal());
+        {
+            let mut w = outputs.make_writer();
+            w.write_all(b"one ").unwrap();
+            w.write_all(b"line\n").unwrap();
+        }
+        assert_eq!(std::fs::read_to_string(&a).unwrap(), "before\none line\n");
+        assert_eq!(std::fs::read_to_string(&b).unwrap(), "one line\n");
+    }
+
+    #[test]
+    fn default_is_stderr_and_the_journal_is_refused() {
+        let o = LogOutputs::open("default").unwrap();
+        assert!(o.stderr && !o.stdout && o.files.is_empty());
+        let o = LogOutputs::open("").unwrap();
+        assert!(o.stderr);
+        let o = LogOutputs::open("stdout").unwrap();
+        assert!(o.stdout && !o.stderr);
+        let e = LogOutputs::open("journal").err().unwrap().to_string();
+        assert!(e.starts_with("--log-outputs journal: "), "{e}");
+    }
+}
