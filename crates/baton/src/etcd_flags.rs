@@ -568,6 +568,11 @@ pub fn translate(
             | Some(Spec {
                 kind: Kind::Native, ..
             }) => vec![(s.name.clone(), s.value.clone())],
+            // A refused flag that `ServeArgs` has come to define is implemented now: clap's.
+            Some(Spec {
+                kind: Kind::Refuse(..),
+                ..
+            }) if clap.contains_key(&s.name) => vec![(s.name.clone(), s.value.clone())],
             Some(sp) => {
                 let value = match (&s.value, sp.bool) {
                     (Some(v), _) => v.clone(),
@@ -989,6 +994,33 @@ mod tests {
                 assert!(!why.contains('\n'), "{}", s.name);
             }
         }
+    }
+
+    /// A refused flag that a later change defines in `ServeArgs` goes to clap, unrefused.
+    #[test]
+    fn a_refused_flag_that_serve_comes_to_define_is_passed_on() {
+        let extended = cmd().arg(
+            clap::Arg::new("corrupt_check_time")
+                .long("experimental-corrupt-check-time")
+                .num_args(1),
+        );
+        let out = translate(
+            &["--experimental-corrupt-check-time".into(), "5m".into()],
+            &[],
+            &extended,
+            &|_| unreachable!(),
+        );
+        assert_eq!(
+            out,
+            Ok(Outcome::Serve {
+                argv: vec![
+                    "baton".into(),
+                    "serve".into(),
+                    "--experimental-corrupt-check-time=5m".into()
+                ],
+                warnings: vec![],
+            })
+        );
     }
 
     #[test]
