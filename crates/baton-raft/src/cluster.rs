@@ -4,8 +4,8 @@
 //! Every member of a new cluster must agree on every member's id and on the cluster id before
 //! any of them has talked to another: the member with the smallest id initializes Raft with all
 //! members, the others only wait to be contacted. As in etcd, the ids are therefore hashes of
-//! the initial configuration: a member id of the cluster token, the member's name and its peer
-//! URLs; the cluster id of the token and the sorted member ids.
+//! the initial configuration, derived exactly as etcd 3.4 derives them: a member id of its
+//! sorted peer URLs and the cluster token, the cluster id of the sorted member ids (SHA-1).
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -65,7 +65,7 @@ pub enum ClusterConfigError {
         listed: Vec<String>,
         advertised: Vec<String>,
     },
-    #[error("members {a:?} and {b:?} hash to the same id; rename one")]
+    #[error("members {a:?} and {b:?} hash to the same id; change a peer URL")]
     IdCollision { a: String, b: String },
 }
 
@@ -161,63 +161,59 @@ pub(crate) fn derive_ids(
             advertised: advertised_peer_urls.to_vec(),
         });
     }
-    let mut h = StableHasher::new(b"baton-cluster-id-v1");
-    h.write(config.token.as_bytes());
-    for (id, _) in &members {
-        h.write(&id.to_be_bytes());
-    }
+    let ids: Vec<u64> = members.iter().map(|(id, _)| *id).collect();
     Ok(DerivedIds {
-        cluster_id: h.finish(),
+        cluster_id: cluster_id(&ids),
         members,
     })
 }
 
-/// A member's id: token, name and sorted peer URLs. Never zero (zero means "none" in etcd's
-/// API).
-fn member_id(token: &str, m: &InitialMember) -> u64 {
-    let mut urls: Vec<&str> = m
-        .peer_urls
+/// etcd 3.4's member id (`membership.NewMember`): the first 8 bytes, big-endian, of SHA-1
+/// over the sorted peer URLs, the cluster token and, for a member added at run time, the
+/// Unix time in seconds as decimal digits (`added_at_unix_s`). The name is not part of it.
+/// Matching etcd's derivation byte for byte gives a cluster created from the same flags the
+/// same ids as etcd would, which clients see in every response header (etcd's e2e suite
+/// compares `etcdctl -w protobuf` output with them).
+pub fn etcd_member_id(peer_urls: &[String], token: &str, added_at_unix_s: Option<u64>) -> u64 {
+    use sha1::Digest;
+    let mut urls: Vec<&str> = peer_urls
         .iter()
-        .map(|u| u.trim_end_matches('/'))
+        .map(|u| u.trim().trim_end_matches('/'))
         .collect();
     urls.sort_unstable();
-    let mut h = StableHasher::new(b"baton-member-id-v1");
-    h.write(token.as_bytes());
-    h.write(m.name.as_bytes());
+    let mut h = sha1::Sha1::new();
     for u in urls {
-        h.write(u.as_bytes());
+        h.update(u.as_bytes());
     }
-    h.finish()
+    h.update(token.as_bytes());
+    if let Some(t) = added_at_unix_s {
+        h.update(t.to_string().as_bytes());
+    }
+    first_8_be(&h.finalize())
 }
 
-/// FNV-1a over length-prefixed fields, finished with splitmix64's mixer. Chosen because its
-/// output is fixed forever by its definition (std's `DefaultHasher` may change between Rust
-/// releases, and ids are persisted and compared across builds); it needs no dependency and
-/// collisions among a handful of members are negligible (and detected).
-struct StableHasher(u64);
-
-impl StableHasher {
-    fn new(domain: &[u8]) -> Self {
-        let mut h = StableHasher(0xcbf2_9ce4_8422_2325);
-        h.write(domain);
-        h
+/// etcd 3.4's cluster id (`RaftCluster.genID`): the first 8 bytes, big-endian, of SHA-1 over
+/// the sorted member ids, each 8 bytes big-endian.
+pub fn cluster_id(member_ids: &[u64]) -> u64 {
+    use sha1::Digest;
+    let mut ids = member_ids.to_vec();
+    ids.sort_unstable();
+    let mut h = sha1::Sha1::new();
+    for id in ids {
+        h.update(id.to_be_bytes());
     }
+    first_8_be(&h.finalize())
+}
 
-    fn write(&mut self, field: &[u8]) {
-        let len = (field.len() as u64).to_le_bytes();
-        for b in len.iter().chain(field) {
-            self.0 ^= u64::from(*b);
-            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
+fn first_8_be(digest: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&digest[..8]);
+    u64::from_be_bytes(b)
+}
 
-    fn finish(&self) -> u64 {
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        z.max(1)
-    }
+/// A bootstrap member's id, as etcd derives it (no time: `--initial-cluster` members).
+fn member_id(token: &str, m: &InitialMember) -> u64 {
+    etcd_member_id(&m.peer_urls, token, None)
 }
 
 #[cfg(test)]
@@ -270,10 +266,23 @@ mod tests {
             derive_ids(&config(spec, "u"), "n1", &["http://127.0.0.1:1".into()]).unwrap();
         assert_ne!(other_token.cluster_id, a.cluster_id);
         assert_ne!(other_token.id_of("n1"), a.id_of("n1"));
-        // Pinned: ids are persisted and derived independently by every member, so the
-        // derivation must never change.
-        assert_eq!(a.cluster_id, 0xc9d8_78c7_483f_36c7);
-        assert_eq!(a.id_of("n1"), Some(0xa0da_0cc6_3655_700f));
+        // Pinned: ids are derived independently by every member, so the derivation must
+        // never change. Until issue 18 Baton hashed token, name and URLs with FNV-1a
+        // (cluster 0xc9d878c7483f36c7, n1 0xa0da0cc63655700f here); since then it is etcd's
+        // SHA-1 derivation. Clusters created before keep their ids: a member with data
+        // reads them from `member.meta` and never derives them again.
+        assert_eq!(a.cluster_id, 0x241e_8354_a38f_3f00);
+        assert_eq!(a.id_of("n1"), Some(0x3ec7_a265_f1d8_44c1));
+        // A real etcd 3.4.23 member `r1` at http://127.0.0.1:36380 with the default token
+        // answered these (shared/reference parity facts, the JSON gateway's headers).
+        let etcd = derive_ids(
+            &config("r1=http://127.0.0.1:36380", "etcd-cluster"),
+            "r1",
+            &["http://127.0.0.1:36380".into()],
+        )
+        .unwrap();
+        assert_eq!(etcd.id_of("r1"), Some(9070289934633186038));
+        assert_eq!(etcd.cluster_id, 10590307618791464684);
     }
 
     #[test]

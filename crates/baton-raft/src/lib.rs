@@ -93,7 +93,8 @@ mod wire;
 
 pub use crate::answer::{Halt, InternalError, KeepAlive, ProposeError, Proposed};
 pub use crate::cluster::{
-    parse_initial_cluster, ClusterConfig, ClusterConfigError, InitialClusterState, InitialMember,
+    cluster_id, etcd_member_id, parse_initial_cluster, ClusterConfig, ClusterConfigError,
+    InitialClusterState, InitialMember,
 };
 pub use crate::config::{NodeConfig, TimingError, DEFAULT_LEASE_CHECKPOINT_INTERVAL};
 pub use crate::deletions::KeyDeletion;

@@ -82,7 +82,7 @@ pub async fn serve_with_locks(
             shared.config.max_concurrent_streams,
         );
         let http = http::router(shared.clone(), metrics.clone()).merge(gateway.router());
-        let router = transport::server_builder(shared.config.max_concurrent_streams)
+        let router = transport::server_builder(&shared.config)
             .accept_http1(true)
             .layer(protocol::ProtocolSplitLayer::new(http))
             .layer(metrics_layer::GrpcMetricsLayer)
@@ -104,7 +104,7 @@ pub async fn serve_with_locks(
     for listener in shared.config.metrics_listeners.clone() {
         let incoming = bind(&listener).await?;
         let http = http::router(shared.clone(), metrics.clone());
-        let router = transport::server_builder(shared.config.max_concurrent_streams)
+        let router = transport::server_builder(&shared.config)
             .accept_http1(true)
             .layer(protocol::ProtocolSplitLayer::http_only(http))
             .add_routes(tonic::service::Routes::default());
@@ -183,7 +183,7 @@ pub fn grpc_router(
     shared: &Shared,
     locks: &locks::LockEngine,
 ) -> tonic::transport::server::Router<GrpcLayers> {
-    transport::server_builder(shared.config.max_concurrent_streams)
+    transport::server_builder(&shared.config)
         .layer(metrics_layer::GrpcMetricsLayer)
         .layer(learner_layer::LearnerGuardLayer {
             node: shared.node.clone(),

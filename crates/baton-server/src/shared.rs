@@ -33,6 +33,8 @@ pub struct ServerConfig {
     /// `--max-concurrent-streams`; default
     /// [`DEFAULT_MAX_CONCURRENT_STREAMS`](crate::transport::DEFAULT_MAX_CONCURRENT_STREAMS)).
     pub max_concurrent_streams: u32,
+    /// HTTP/2 keep-alive pings to clients (etcd's `--grpc-keepalive-interval`/`-timeout`).
+    pub keepalive: crate::transport::Keepalive,
     /// Tokens (`--auth-token`, `--auth-token-ttl`) and password hashing (`--bcrypt-cost`).
     pub auth: crate::auth::Authenticator,
     /// More HTTP routes, merged into [`crate::http::router`] beside `/health`, `/metrics`

@@ -66,9 +66,28 @@ pub const AUTHORITY_LIMITS: Limits = Limits {
 /// default (`math.MaxUint32`). Memory stays bounded per connection by the windows above.
 pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = u32::MAX;
 /// HTTP/2 PING interval on idle connections, and how long an answer may take before the
-/// connection is closed (etcd: `--grpc-keepalive-timeout` 20 s).
+/// connection is closed (etcd: `--grpc-keepalive-timeout` 20 s). The defaults of
+/// [`Keepalive`]; `baton serve` sets them with etcd's `--grpc-keepalive-interval` and
+/// `--grpc-keepalive-timeout`.
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The server's HTTP/2 keep-alive pings to clients (etcd's `--grpc-keepalive-interval` and
+/// `--grpc-keepalive-timeout`; zero turns each off, as in etcd).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keepalive {
+    pub interval: Duration,
+    pub timeout: Duration,
+}
+
+impl Default for Keepalive {
+    fn default() -> Self {
+        Keepalive {
+            interval: KEEPALIVE_INTERVAL,
+            timeout: KEEPALIVE_TIMEOUT,
+        }
+    }
+}
 /// The first and the longest pause after a failed accept (Go's `net/http`: 5 ms to 1 s).
 const ACCEPT_BACKOFF_FIRST: Duration = Duration::from_millis(5);
 const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
@@ -77,7 +96,9 @@ const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 const MAX_PENDING_HANDSHAKES: usize = 1024;
 
 /// The tonic server builder with the client port's HTTP/2 settings.
-pub fn server_builder(max_concurrent_streams: u32) -> tonic::transport::Server {
+pub fn server_builder(config: &crate::ServerConfig) -> tonic::transport::Server {
+    let (max_concurrent_streams, keepalive) = (config.max_concurrent_streams, config.keepalive);
+    let nonzero = |d: Duration| (!d.is_zero()).then_some(d);
     tonic::transport::Server::builder()
         .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
         .initial_stream_window_size(STREAM_WINDOW_BYTES)
@@ -85,8 +106,8 @@ pub fn server_builder(max_concurrent_streams: u32) -> tonic::transport::Server {
         .max_concurrent_streams(max_concurrent_streams)
         .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
         .max_frame_size(MAX_FRAME_BYTES)
-        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .http2_keepalive_interval(nonzero(keepalive.interval))
+        .http2_keepalive_timeout(nonzero(keepalive.timeout))
 }
 
 type Handshake = Pin<Box<dyn Future<Output = Option<RecordedStream>> + Send>>;

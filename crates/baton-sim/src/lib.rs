@@ -131,6 +131,7 @@ async fn member_main(ctx: Arc<Ctx>, i: usize) -> turmoil::Result {
             min_lease_ttl_s: 2,
             watch_progress_interval: Duration::from_secs(600),
             max_concurrent_streams: baton_server::transport::DEFAULT_MAX_CONCURRENT_STREAMS,
+            keepalive: Default::default(),
             auth: baton_server::auth::Authenticator::default(),
             http_extension: None,
         },

@@ -9,11 +9,14 @@
 mod cli;
 mod corrupt_check;
 mod etcd_datadir;
+mod etcd_flags;
+mod gateway;
+mod log_output;
 mod serve;
 mod ui;
 
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// mimalloc rather than glibc's malloc: measured on this project's 2-core machine with
 /// `baton bench` against fresh single-node servers, put at 100 clients +5–15 %, 50 distinct
@@ -22,10 +25,13 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// `baton --version`: Baton's own version and the etcd API release it reproduces.
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (etcd API ", "3.4.23", ")");
+
 #[derive(Parser)]
 #[command(
     name = "baton",
-    version,
+    version = VERSION,
     about = "Baton: a coordination service that speaks the etcd v3 API",
     long_about = "Baton is a linearizable key-value store with leases, watches and transactions, \
                   replicated with Raft, that etcd clients (etcdctl, client libraries) talk to \
@@ -41,12 +47,16 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a Baton member (etcd-style flags).
+    /// Run a Baton member (etcd's flags, `ETCD_*` variables and `--config-file`).
     ///
-    /// A flag given twice takes its last value, as Go's flag package (etcd) does: etcd's
-    /// tooling passes some twice (`--client-cert-auth` with a CRL, say).
+    /// Arguments are taken as etcd takes them (`-flag`, `--flag=value`, `--flag value`, a
+    /// flag given twice takes its last value; `ETCD_<FLAG>` variables for flags not given;
+    /// `--config-file` with etcd's YAML keys replaces both). Every flag of etcd 3.4 either
+    /// does what it does in etcd or is refused with one line saying why. See docs/flags.md.
     #[command(args_override_self = true)]
     Serve(Box<serve::ServeArgs>),
+    /// etcd's L4 gateway (`etcd gateway start`): a TCP proxy to the members' client URLs.
+    Gateway(gateway::GatewayArgs),
     // No doc comments here: they would replace the subcommands' own (longer) help.
     Kv(cli::kv::KvArgs),
     Lease(cli::lease::LeaseArgs),
@@ -68,7 +78,40 @@ enum Command {
 }
 
 fn main() -> Result<()> {
-    let cli = Cli::parse();
+    let mut warnings = Vec::new();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cli = if args.get(1).is_some_and(|a| a == "serve") {
+        // etcd's flag syntax, environment and config file → clap's argv (`etcd_flags`).
+        let rest: Vec<String> = args[2..]
+            .iter()
+            .map(|a| {
+                a.to_str()
+                    .map(String::from)
+                    .with_context(|| format!("argument {a:?} is not UTF-8"))
+            })
+            .collect::<Result<_>>()?;
+        let env: Vec<(String, String)> = std::env::vars().collect();
+        let serve_cmd = Cli::command()
+            .find_subcommand("serve")
+            .expect("the serve subcommand")
+            .clone();
+        match etcd_flags::translate(&rest, &env, &serve_cmd, &|p| std::fs::read_to_string(p)) {
+            Ok(etcd_flags::Outcome::Version) => {
+                print!("{}", etcd_version_lines());
+                return Ok(());
+            }
+            Ok(etcd_flags::Outcome::Serve { argv, warnings: w }) => {
+                warnings = w;
+                Cli::parse_from(argv)
+            }
+            Err(e) => {
+                eprintln!("baton serve: {e}");
+                std::process::exit(2);
+            }
+        }
+    } else {
+        Cli::parse()
+    };
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
     if let Command::Serve(args) = &cli.command {
@@ -76,7 +119,8 @@ fn main() -> Result<()> {
     }
     let runtime = builder.build().context("starting the async runtime")?;
     match cli.command {
-        Command::Serve(args) => runtime.block_on(serve::serve(*args)),
+        Command::Serve(args) => runtime.block_on(serve::serve(*args, warnings)),
+        Command::Gateway(args) => runtime.block_on(gateway::run(args)),
         // The client commands decide their own exit status (the command's, or one of the
         // documented codes), so they report errors themselves and exit here.
         Command::Kv(args) => std::process::exit(runtime.block_on(cli::kv::run(args))),
@@ -105,11 +149,47 @@ fn main() -> Result<()> {
     }
 }
 
+/// `baton serve --version` (and `etcd --version` through the e2e wrapper): etcd's four
+/// lines (`etcdmain/config.go`), for tools that read them, naming Baton where etcd names its
+/// build: the version is the etcd API Baton reproduces, and there is no Go.
+fn etcd_version_lines() -> String {
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        other => other,
+    };
+    format!(
+        "etcd Version: {}\nGit SHA: Not provided (this is Baton {}, which speaks etcd {}'s API; it is not etcd)\nGo Version: none (Baton is written in Rust)\nGo OS/Arch: {}/{}\n",
+        baton_server::monitor::ETCD_SERVER_VERSION,
+        env!("CARGO_PKG_VERSION"),
+        baton_server::monitor::ETCD_SERVER_VERSION,
+        std::env::consts::OS,
+        arch
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use clap::{CommandFactory, Parser};
 
     use super::{Cli, Command};
+
+    /// `baton --version` names the etcd API release that Status and `/version` report.
+    #[test]
+    fn version_names_the_etcd_api_served() {
+        assert!(super::VERSION.ends_with(&format!(
+            "(etcd API {})",
+            baton_server::monitor::ETCD_SERVER_VERSION
+        )));
+        let lines = super::etcd_version_lines();
+        assert!(lines.starts_with(&format!(
+            "etcd Version: {}\nGit SHA: ",
+            baton_server::monitor::ETCD_SERVER_VERSION
+        )));
+        assert!(lines.contains("Baton"), "{lines}");
+        assert_eq!(lines.lines().count(), 4);
+    }
 
     /// `baton 2pc` is the two-phase-commit log's command; its old name `baton txn` still
     /// parses (a hidden alias for one release) but is not offered in the help, where "txn"

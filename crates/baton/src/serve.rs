@@ -111,6 +111,14 @@ pub struct ServeArgs {
     /// windows whatever the stream count (`baton_server::transport`).
     #[arg(long, default_value_t = baton_server::transport::DEFAULT_MAX_CONCURRENT_STREAMS, value_parser = clap::value_parser!(u32).range(1..))]
     max_concurrent_streams: u32,
+    /// How often the server pings an idle client connection (etcd's flag, Go duration
+    /// syntax such as `30s` or `2h`; 0 turns pings off) [Baton's default 30s, etcd's 2h].
+    #[arg(long, default_value = "30s", value_parser = parse_go_duration)]
+    grpc_keepalive_interval: Duration,
+    /// How long a ping's answer may take before the connection is closed (etcd's flag and
+    /// default; 0 waits forever).
+    #[arg(long, default_value = "20s", value_parser = parse_go_duration)]
+    grpc_keepalive_timeout: Duration,
     /// etcd's `--auth-token`: `simple` (etcd's default: random tokens kept by the cluster,
     /// `--auth-token-ttl`), or `jwt,pub-key=PATH,priv-key=PATH,sign-method=RS256|PS256|
     /// ES256|…[,ttl=5m]` (signed tokens; `pub-key` may be a certificate).
@@ -200,6 +208,10 @@ pub struct ServeArgs {
     /// Log filter (tracing's env-filter syntax), e.g. `info` or `baton_raft=debug`.
     #[arg(long, default_value = "info,openraft=warn")]
     log_level: String,
+    /// Where log lines go (etcd's `--log-outputs`): comma-separated `default` or `stderr`,
+    /// `stdout`, or file paths (appended to). systemd's journal is reached through stderr.
+    #[arg(long, default_value = "default")]
+    log_outputs: String,
 }
 
 /// `--initial-cluster-state`.
@@ -346,13 +358,24 @@ fn client_tls(args: &ServeArgs, hosts: &[String]) -> Result<Arc<tls::ServerConfi
     Ok(tls::server_config(&settings)?)
 }
 
-pub async fn serve(args: ServeArgs) -> Result<()> {
+/// A Go duration (`500ms`, `2h`, `0`), as etcd's duration flags take them.
+fn parse_go_duration(v: &str) -> std::result::Result<Duration, String> {
+    crate::etcd_flags::go_duration_ns(v)
+        .map(Duration::from_nanos)
+        .ok_or_else(|| format!("invalid duration {v:?} (Go syntax: 300ms, 30s, 2h45m)"))
+}
+
+pub async fn serve(args: ServeArgs, warnings: Vec<String>) -> Result<()> {
+    let outputs = crate::log_output::LogOutputs::open(&args.log_outputs)?;
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(&args.log_level))
-        .with_writer(std::io::stderr)
         // Colour codes only for a terminal; log files and journald get plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(outputs.is_terminal())
+        .with_writer(outputs)
         .init();
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
 
     let listen_client = split_urls(&args.listen_client_urls);
     let (client_listeners, metrics_listeners) = client_and_metrics_listeners(
@@ -478,6 +501,10 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
                 args.watch_progress_notify_interval.max(1),
             ),
             max_concurrent_streams: args.max_concurrent_streams,
+            keepalive: baton_server::transport::Keepalive {
+                interval: args.grpc_keepalive_interval,
+                timeout: args.grpc_keepalive_timeout,
+            },
             auth,
             http_extension: Some(dashboard),
         },

@@ -161,8 +161,28 @@ impl Members {
                 last_log,
                 strict: replica.config.strict_reconfig_check,
             };
-            // The replica's randomness (`Environment::rng`), so a seeded one is replayable.
-            let new_id = || rand::Rng::gen::<u64>(&mut *replica.rng.lock());
+            // etcd's id for an added member (SHA-1 of its peer URLs, the cluster token and
+            // the Unix time in seconds, `cluster::etcd_member_id`), from the environment's
+            // wall clock; should it be taken or zero, the replica's randomness
+            // (`Environment::rng`). Both are injected, so a simulation replays. The id is
+            // chosen here, before the change is proposed: the applied entry carries it.
+            let mut etcd_id = match &change {
+                MemberChange::Add { peer_urls, .. } => Some(crate::cluster::etcd_member_id(
+                    peer_urls,
+                    replica
+                        .config
+                        .cluster
+                        .as_ref()
+                        .map_or("", |c| c.token.as_str()),
+                    Some(replica.config.env.wall_ms() / 1000),
+                )),
+                _ => None,
+            };
+            let new_id = || {
+                etcd_id
+                    .take()
+                    .unwrap_or_else(|| rand::Rng::gen::<u64>(&mut *replica.rng.lock()))
+            };
             let planned = plan::plan(&change, &view, new_id)?;
             if let Some(added) = planned
                 .added

@@ -17,6 +17,7 @@ mod disk_full;
 mod durability;
 mod etcd3gw;
 mod etcd_client;
+mod etcd_flags;
 mod etcd_parity;
 mod etcdctl;
 mod etcdctl_locks;

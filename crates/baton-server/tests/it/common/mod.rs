@@ -43,6 +43,7 @@ impl Server {
                 min_lease_ttl_s: 1,
                 watch_progress_interval: Duration::from_secs(600),
                 max_concurrent_streams: baton_server::transport::DEFAULT_MAX_CONCURRENT_STREAMS,
+                keepalive: Default::default(),
                 auth: baton_server::auth::Authenticator::default(),
                 http_extension: None,
             },
