@@ -326,12 +326,7 @@ const ETCD_FLAGS: &[Spec] = &[
     ),
     // Experimental.
     native("experimental-initial-corrupt-check", true),
-    refuse(
-        "experimental-corrupt-check-time",
-        false,
-        is_zero_duration,
-        "periodic corruption checks are not provided (--experimental-initial-corrupt-check is)",
-    ),
+    native("experimental-corrupt-check-time", false),
     refuse("experimental-enable-v2v3", false, is_empty, "the v2 API is not provided"),
     map("experimental-backend-bbolt-freelist-type", false, |v| match v {
         // etcd's default; Baton's store is not bbolt, so no freelist type can be chosen.
@@ -1187,6 +1182,10 @@ peer-transport-security:
         assert_eq!(go_duration_ns("0"), Some(0));
         assert_eq!(go_duration_ns("10"), None);
         assert_eq!(go_duration_ns("5x"), None);
+        for bad in ["", "s", "-1s", "1.2.3s"] {
+            assert_eq!(go_duration_ns(bad), None, "{bad:?}");
+        }
+        assert_eq!(go_duration_ns("2.5s"), Some(2_500_000_000));
         assert_eq!(go_uint("0x10"), Some(16));
         assert_eq!(go_uint("010"), Some(8));
         assert_eq!(go_uint("-1"), None);
@@ -1201,7 +1200,6 @@ peer-transport-security:
             "quota-backend-bytes",
             "auto-compaction-retention",
             "auto-compaction-mode",
-            "force-new-cluster",
         ];
         for s in ETCD_FLAGS {
             if matches!(s.kind, Kind::Native) && !arriving.contains(&s.name) {

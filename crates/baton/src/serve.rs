@@ -203,7 +203,7 @@ pub struct ServeArgs {
     /// How often the leader compares every member's key-space hash with its own and raises
     /// the CORRUPT alarm on a mismatch (etcd's periodic corruption check; a Go duration such
     /// as `5m`). `0s`, the default as etcd's, disables it.
-    #[arg(long, default_value = "0s", value_parser = crate::corrupt_check::parse_go_duration)]
+    #[arg(long, default_value = "0s", value_parser = parse_go_duration)]
     experimental_corrupt_check_time: Duration,
     /// Log filter (tracing's env-filter syntax), e.g. `info` or `baton_raft=debug`.
     #[arg(long, default_value = "info,openraft=warn")]
