@@ -1,7 +1,8 @@
 //! The disk watch's tick on every member ([`DiskWatch`]): free space measured and judged (see
-//! `space`), a stalled log writer poked, a snapshot that did not fit tried again, this
-//! member's `NOSPACE` alarm raised or cleared through the leader, and the size-based
-//! snapshot trigger.
+//! `space`), the state's size compared with the backend quota, a stalled log writer poked, a
+//! snapshot that did not fit tried again, this member's `NOSPACE` alarm raised (for either
+//! cause) or cleared (for the disk's only) through the leader, and the size-based snapshot
+//! trigger.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -21,6 +22,11 @@ pub(crate) struct DiskWatch {
     alarm_in_flight: AtomicBool,
     /// Warnings of the alarm proposals.
     alarm_log: space::RateLimit,
+    /// This member's raised `NOSPACE` has a low disk among its causes (seen low while it
+    /// was raised, in this process: after a restart on a full disk the first tick sees it
+    /// again). Only such an alarm clears itself once the disk has room and the state is
+    /// under the quota; one raised for the quota alone waits for `alarm disarm`, as etcd's.
+    disk_cause: AtomicBool,
 }
 
 impl DiskWatch {
@@ -30,14 +36,15 @@ impl DiskWatch {
             router,
             alarm_in_flight: AtomicBool::new(false),
             alarm_log: space::RateLimit::default(),
+            disk_cause: AtomicBool::new(false),
         })
     }
 
     /// One tick (see the module docs). Both the alarm's raising and its clearing go through
     /// the leader from any member: a follower's full disk stops the cluster's writes as
-    /// etcd's does (a follower that cannot log would otherwise fall behind silently), and
-    /// the leader accepts an alarm raised over `Forward` only for its sender's own id
-    /// (`peer_server::check_forwarded`).
+    /// etcd's does (a follower that cannot log would otherwise fall behind silently). Each
+    /// member judges its own quota, so with one quota on all members each raises its own
+    /// alarm, as each etcd member does after applying the write that crossed it.
     pub(crate) async fn tick(self: &Arc<Self>) {
         let replica = &self.replica;
         let shared = &replica.shared;
@@ -76,15 +83,37 @@ impl DiskWatch {
             }
         }
         let me = replica.member_id;
-        let raised = shared
-            .state
-            .read()
-            .sm
-            .alarms()
-            .contains(&(me, AlarmType::NoSpace));
-        let action = match (low, raised) {
+        let (raised, size) = {
+            let state = shared.state.read();
+            let raised = state.sm.alarms().contains(&(me, AlarmType::NoSpace));
+            (raised, state.sm.approximate_size_bytes())
+        };
+        let quota = shared.space.quota;
+        let over = space::over_quota(size, quota);
+        if shared.space.set_over_quota(over) != over {
+            if over {
+                tracing::warn!(
+                    size_bytes = size,
+                    quota_bytes = ?quota,
+                    "the store outgrew the backend quota (--quota-backend-bytes): raising \
+                     NOSPACE; writes that add data are refused until an operator compacts, \
+                     defragments and runs `etcdctl alarm disarm`"
+                );
+            } else {
+                tracing::info!(size_bytes = size, quota_bytes = ?quota, "the store is under the backend quota again");
+            }
+        }
+        if !raised {
+            // Whatever raised and cleared it before (the watch, or `alarm disarm`), the next
+            // alarm's causes start from now.
+            self.disk_cause.store(low, Ordering::Release);
+        } else if low {
+            self.disk_cause.store(true, Ordering::Release);
+        }
+        let action = match (low || over, raised) {
             (true, false) => AlarmAction::Activate,
-            (false, true) => AlarmAction::Deactivate,
+            // Cleared by the watch only when it was the disk's and no cause is left.
+            (false, true) if self.disk_cause.load(Ordering::Acquire) => AlarmAction::Deactivate,
             _ => return,
         };
         if self.alarm_in_flight.swap(true, Ordering::AcqRel) {
@@ -102,10 +131,13 @@ impl DiskWatch {
                 Ok(_) if action == AlarmAction::Activate => {
                     tracing::warn!(member = format_args!("{me:x}"), "NOSPACE alarm raised")
                 }
-                Ok(_) => tracing::info!(
-                    member = format_args!("{me:x}"),
-                    "NOSPACE alarm cleared: space is available again"
-                ),
+                Ok(_) => {
+                    watch.disk_cause.store(false, Ordering::Release);
+                    tracing::info!(
+                        member = format_args!("{me:x}"),
+                        "NOSPACE alarm cleared: space is available again"
+                    )
+                }
                 Err(e) => {
                     if watch.alarm_log.allow() {
                         tracing::warn!(error = %e, ?action, "proposing the NOSPACE alarm failed; will retry");

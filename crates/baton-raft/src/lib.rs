@@ -109,6 +109,8 @@ pub use crate::origin::{origin, LeaderDuty, Origin};
 pub use crate::restore::{
     restore_data_dir, RestoreError, RestoreInto, Restored, RESTORED_LAST_APPLIED,
 };
-pub use crate::space::DEFAULT_SPACE_RESERVE_BYTES;
+pub use crate::space::{
+    DEFAULT_QUOTA_BACKEND_BYTES, DEFAULT_SPACE_RESERVE_BYTES, MAX_SUGGESTED_QUOTA_BACKEND_BYTES,
+};
 pub use crate::status::{NodeStatus, WalWritePaths};
 pub use crate::transfer::TransferError;

@@ -303,7 +303,7 @@ impl Node {
             snapshot_installing: shared.installing_snapshot.load(Ordering::Relaxed),
             wal_write_bytes: replica.wal.stats.written_bytes.load(Ordering::Relaxed),
             disk_bytes: status.disk_bytes,
-            quota_bytes: status.disk_bytes + headroom,
+            quota_bytes: space.quota.unwrap_or(status.disk_bytes + headroom),
             apply: shared.state.read().tally,
         };
         replica.observed.fill(&mut m);

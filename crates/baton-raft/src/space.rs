@@ -28,6 +28,18 @@
 //!
 //! With an injected disk (the simulation) free space is not measured: the simulated disk
 //! is never full.
+//!
+//! **The backend quota** (`--quota-backend-bytes`, issue 18) shares this path. etcd raises
+//! `NOSPACE` when its bbolt file would outgrow the quota; Baton holds the whole store in
+//! memory, so what counts is the replicated state's size estimate
+//! (`StateMachine::approximate_size_bytes`: every retained version's key and value plus a
+//! fixed overhead, leases, locks, fences), which grows with every revision kept and shrinks
+//! when a compaction drops history. The tick compares it with the quota ([`over_quota`]);
+//! over it, this member refuses writes that add data at once and raises its own `NOSPACE`
+//! through the log, as every etcd member does after applying the write that crossed it.
+//! Unlike the disk's, a quota alarm never clears itself: as on etcd, the operator compacts
+//! (and defragments) and then disarms it (`etcdctl alarm disarm`); disarmed while still
+//! over the quota, it is raised again at the next tick.
 
 use std::io;
 use std::path::Path;
@@ -45,6 +57,12 @@ use tokio::time::Instant;
 /// smaller than Baton's state needs `--disk-reserve-bytes` lowered, one shared with other
 /// data raised.
 pub const DEFAULT_SPACE_RESERVE_BYTES: u64 = 64 << 20;
+
+/// etcd's default `--quota-backend-bytes` (2 GiB), used for 0.
+pub const DEFAULT_QUOTA_BACKEND_BYTES: u64 = 2 << 30;
+
+/// The quota etcd suggests at most (8 GiB): above it a warning is logged, as etcd's.
+pub const MAX_SUGGESTED_QUOTA_BACKEND_BYTES: u64 = 8 << 30;
 
 /// How often at most the disk watch repeats the same warning.
 pub(crate) const LOG_EVERY: Duration = Duration::from_secs(10);
@@ -97,6 +115,13 @@ pub(crate) fn judge(free: Option<u64>, reserve: u64, was_low: bool, blocked: boo
     free < threshold
 }
 
+/// Whether a state of `size` bytes (the core's estimate) is over `quota` (`None`: none).
+/// etcd refuses a write when `size + cost >= quota`; here the write was applied, so the
+/// size reaching the quota is what raises the alarm.
+pub(crate) fn over_quota(size: u64, quota: Option<u64>) -> bool {
+    quota.is_some_and(|q| size >= q)
+}
+
 /// Whether a snapshot of about `estimate` bytes fits in `free`, keeping a quarter of the
 /// reserve (at least 1 MiB, a log preallocation step) for the log meanwhile.
 pub(crate) fn snapshot_fits(free: Option<u64>, reserve: u64, estimate: u64) -> bool {
@@ -125,6 +150,11 @@ impl RateLimit {
 pub(crate) struct Space {
     /// `--disk-reserve-bytes`.
     pub(crate) reserve: u64,
+    /// `--quota-backend-bytes` (`None`: no quota).
+    pub(crate) quota: Option<u64>,
+    /// The last quota judgement: the state is over the quota, writes that add data are
+    /// refused on this member.
+    over_quota: AtomicBool,
     /// Measure free space with statvfs (not with an injected disk).
     measure: bool,
     /// Free bytes at the last measurement (`u64::MAX`: not measured).
@@ -138,9 +168,11 @@ pub(crate) struct Space {
 }
 
 impl Space {
-    pub(crate) fn new(reserve: u64, measure: bool) -> Self {
+    pub(crate) fn new(reserve: u64, quota: Option<u64>, measure: bool) -> Self {
         Space {
             reserve,
+            quota,
+            over_quota: AtomicBool::new(false),
             measure,
             free: AtomicU64::new(u64::MAX),
             low: AtomicBool::new(false),
@@ -175,6 +207,17 @@ impl Space {
         self.low.swap(low, Ordering::AcqRel)
     }
 
+    /// Whether this member refuses writes that add data before proposing them: its disk
+    /// is low or its state is over the quota.
+    pub(crate) fn refuses_writes(&self) -> bool {
+        self.is_low() || self.over_quota.load(Ordering::Acquire)
+    }
+
+    /// Records the quota judgement; returns the previous one.
+    pub(crate) fn set_over_quota(&self, over: bool) -> bool {
+        self.over_quota.swap(over, Ordering::AcqRel)
+    }
+
     pub(crate) fn snapshot_blocked(&self) -> bool {
         self.snapshot_blocked.load(Ordering::Acquire)
     }
@@ -203,6 +246,14 @@ mod tests {
         // Not measured, or no reserve: only ENOSPC counts.
         assert!(!judge(None, r, true, false));
         assert!(!judge(Some(0), 0, true, false));
+    }
+
+    #[test]
+    fn over_the_quota_from_its_size_on_and_never_without_one() {
+        assert!(!over_quota(99, Some(100)));
+        assert!(over_quota(100, Some(100)));
+        assert!(over_quota(u64::MAX, Some(100)));
+        assert!(!over_quota(u64::MAX, None));
     }
 
     #[test]

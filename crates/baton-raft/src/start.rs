@@ -87,7 +87,11 @@ impl Node {
 
         let raft_config = raft_config(&config, timing, member.cluster_id, &mut rng)?;
         let hub = WatchHub::new(config.max_pending_watch_events);
-        let space = space::Space::new(config.disk_reserve_bytes, config.env.disk.is_none());
+        let space = space::Space::new(
+            config.disk_reserve_bytes,
+            config.quota_backend_bytes,
+            config.env.disk.is_none(),
+        );
         let shared = Arc::new(Shared::new(state, hub, dir.snap, current_snapshot, space));
         let (log_store, wal) = wal::open(&dir.raft, recovered, config.env.disk.clone())?;
         let credential = config

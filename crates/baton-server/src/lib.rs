@@ -20,6 +20,7 @@ pub mod baton_v1;
 mod call_session;
 mod client_verifier;
 pub mod cluster;
+pub mod compactor;
 pub mod conn;
 pub mod convert;
 pub mod election;

@@ -45,6 +45,7 @@ fn perm_type(p: PermType) -> i32 {
 fn alarm_type(a: AlarmType) -> i32 {
     match a {
         AlarmType::NoSpace => etcdserverpb::AlarmType::Nospace as i32,
+        AlarmType::Corrupt => etcdserverpb::AlarmType::Corrupt as i32,
     }
 }
 

@@ -496,6 +496,7 @@ fn kv_error_name(e: &KvError) -> &'static str {
         KvError::NoSpace => "no_space",
         KvError::Auth(_) => "auth",
         KvError::MisplacedAuthorized => "misplaced_authorized",
+        KvError::Corrupt => "corrupt",
     }
 }
 
@@ -528,6 +529,7 @@ fn kv_errors() -> Vec<KvError> {
         KvError::NoSpace,
         KvError::Auth(AuthError::PermissionDenied),
         KvError::MisplacedAuthorized,
+        KvError::Corrupt,
     ]
 }
 
@@ -653,8 +655,9 @@ fn nested_enums_are_pinned() {
     ));
     problems.extend(check_enum(
         "alarm_type",
-        named(vec![AlarmType::NoSpace], |a| match a {
+        named(vec![AlarmType::NoSpace, AlarmType::Corrupt], |a| match a {
             AlarmType::NoSpace => "no_space",
+            AlarmType::Corrupt => "corrupt",
         }),
     ));
     problems.extend(check_enum(
