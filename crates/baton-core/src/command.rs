@@ -673,7 +673,10 @@ mod tests {
         assert_eq!(tag(&KvError::NoSpace), 24);
         let r = bincode::serialize(&Response::Alarm { changed: None }).unwrap();
         assert_eq!(r[0], 16);
-        assert_eq!(bincode::serialize(&AlarmType::Corrupt).unwrap(), [1, 0, 0, 0]);
+        assert_eq!(
+            bincode::serialize(&AlarmType::Corrupt).unwrap(),
+            [1, 0, 0, 0]
+        );
         assert_eq!(tag(&KvError::Corrupt), 27);
     }
 }

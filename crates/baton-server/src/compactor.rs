@@ -73,9 +73,10 @@ impl Policy {
         let policy = match retention.parse::<u64>() {
             Ok(n) if periodic => Policy::Periodic(
                 Duration::from_secs(3600)
-                    .checked_mul(u32::try_from(n).map_err(|_| {
-                        PolicyError::BadDuration(retention.to_string())
-                    })?)
+                    .checked_mul(
+                        u32::try_from(n)
+                            .map_err(|_| PolicyError::BadDuration(retention.to_string()))?,
+                    )
                     .ok_or_else(|| PolicyError::BadDuration(retention.to_string()))?,
             ),
             Ok(n) => Policy::Revision(
@@ -287,7 +288,11 @@ mod tests {
         let p = |m, r| Policy::from_flags(m, r);
         assert_eq!(p("periodic", "0"), Ok(None), "etcd's default: off");
         assert_eq!(p("revision", "0"), Ok(None));
-        assert_eq!(p("periodic", "1"), Ok(Some(Policy::Periodic(H))), "a number is hours");
+        assert_eq!(
+            p("periodic", "1"),
+            Ok(Some(Policy::Periodic(H))),
+            "a number is hours"
+        );
         assert_eq!(p("", "72"), Ok(Some(Policy::Periodic(72 * H))));
         assert_eq!(
             p("periodic", "2s"),
@@ -302,20 +307,43 @@ mod tests {
             p("hourly", "1"),
             Err(PolicyError::UnknownMode("hourly".into()))
         );
-        assert_eq!(p("periodic", "-1"), Err(PolicyError::BadDuration("-1".into())));
-        assert_eq!(p("periodic", "1d"), Err(PolicyError::BadDuration("1d".into())));
-        assert_eq!(p("revision", "5m"), Err(PolicyError::BadRevisions("5m".into())));
-        assert_eq!(p("revision", "-3"), Err(PolicyError::BadRevisions("-3".into())));
-        assert!(p("periodic", "99999999999").is_err(), "hours beyond a Duration");
+        assert_eq!(
+            p("periodic", "-1"),
+            Err(PolicyError::BadDuration("-1".into()))
+        );
+        assert_eq!(
+            p("periodic", "1d"),
+            Err(PolicyError::BadDuration("1d".into()))
+        );
+        assert_eq!(
+            p("revision", "5m"),
+            Err(PolicyError::BadRevisions("5m".into()))
+        );
+        assert_eq!(
+            p("revision", "-3"),
+            Err(PolicyError::BadRevisions("-3".into()))
+        );
+        assert!(
+            p("periodic", "99999999999").is_err(),
+            "hours beyond a Duration"
+        );
     }
 
     #[test]
     fn periodic_intervals_are_etcds() {
         let p = Periodic::new(H);
-        assert_eq!(p.retry_interval(), Duration::from_secs(360), "6 minutes for 1 h");
+        assert_eq!(
+            p.retry_interval(),
+            Duration::from_secs(360),
+            "6 minutes for 1 h"
+        );
         assert_eq!(p.retentions(), 11);
         let p = Periodic::new(24 * H);
-        assert_eq!(p.retry_interval(), Duration::from_secs(360), "capped at 1 h / 10");
+        assert_eq!(
+            p.retry_interval(),
+            Duration::from_secs(360),
+            "capped at 1 h / 10"
+        );
         assert_eq!(p.retentions(), 241);
         let p = Periodic::new(Duration::from_secs(5));
         assert_eq!(p.retry_interval(), Duration::from_millis(500));
@@ -369,7 +397,11 @@ mod tests {
         assert_eq!(p.due(step * 12, true), Some(2), "the window moved on");
         p.succeeded(step * 12);
         p.record(13);
-        assert_eq!(p.due(step * 13, true), None, "next one an interval after the success");
+        assert_eq!(
+            p.due(step * 13, true),
+            None,
+            "next one an interval after the success"
+        );
     }
 
     #[test]

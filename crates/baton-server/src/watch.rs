@@ -49,7 +49,7 @@ pub const DUPLICATE_WATCH_ID: &str = "mvcc: duplicate watch ID provided on the W
 /// `c` (a `Range` at `c` reads it) but not the record of what changed at `c`, so Baton
 /// cannot send that revision's events whole. etcd sends what its backend still holds of
 /// revision `c` (its puts, not its deletes: a tombstone at the compact revision is
-/// dropped); Baton sends no part of a revision rather than a part (`docs/watch.md`). Only
+/// dropped); Baton sends no part of a revision rather than a part (`docs/quota.md`). Only
 /// a new watch is moved so: a watcher already running that still needs revision `c` when
 /// compaction reaches it is told `Compacted`, as before, since it would miss events.
 fn start_revision(asked: i64, compact_revision: Revision) -> Revision {
@@ -557,7 +557,11 @@ mod tests {
     fn a_watch_may_start_at_the_compact_revision() {
         let c = Revision(7);
         assert_eq!(start_revision(7, c), Revision(8));
-        assert_eq!(start_revision(6, c), Revision(6), "compacted, told so by the hub");
+        assert_eq!(
+            start_revision(6, c),
+            Revision(6),
+            "compacted, told so by the hub"
+        );
         assert_eq!(start_revision(8, c), Revision(8));
         assert_eq!(start_revision(0, c), Revision(0));
         assert_eq!(start_revision(-1, c), Revision(1));

@@ -221,7 +221,10 @@ fn backend_quota(flag: i64) -> Option<u64> {
         }
         0 => {
             let quota = baton_raft::DEFAULT_QUOTA_BACKEND_BYTES;
-            tracing::info!(quota_size_bytes = quota, "enabled backend quota with default value");
+            tracing::info!(
+                quota_size_bytes = quota,
+                "enabled backend quota with default value"
+            );
             Some(quota)
         }
         _ => {
@@ -391,6 +394,11 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 
+    // Before anything is bound or created: a refused flag changes nothing.
+    let compaction = baton_server::compactor::Policy::from_flags(
+        &args.auto_compaction_mode,
+        &args.auto_compaction_retention,
+    )?;
     let listen_client = split_urls(&args.listen_client_urls);
     let (client_listeners, metrics_listeners) = client_and_metrics_listeners(
         &args,
@@ -449,10 +457,6 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
     node_config.snapshot_every_entries = args.snapshot_count;
     node_config.disk_reserve_bytes = args.disk_reserve_bytes;
     node_config.quota_backend_bytes = backend_quota(args.quota_backend_bytes);
-    let compaction = baton_server::compactor::Policy::from_flags(
-        &args.auto_compaction_mode,
-        &args.auto_compaction_retention,
-    )?;
     node_config.lease_checkpoint_interval =
         Duration::from_millis(args.experimental_lease_checkpoint_interval);
     node_config.cluster = cluster;

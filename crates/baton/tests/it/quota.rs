@@ -87,7 +87,9 @@ async fn alarm(ch: &Channel, action: AlarmAction, member_id: u64, alarm: AlarmTy
 /// Every acknowledged key has its last acknowledged value on the member behind `ch`.
 async fn check_acked(ch: &Channel, acked: &BTreeMap<String, Vec<u8>>, who: &str) {
     for (key, value) in acked {
-        let got = get(ch, key, 0).await.unwrap_or_else(|e| panic!("get {key} on {who}: {e}"));
+        let got = get(ch, key, 0)
+            .await
+            .unwrap_or_else(|e| panic!("get {key} on {who}: {e}"));
         assert!(
             got.as_deref() == Some(value.as_slice()),
             "{key} on {who}: an acknowledged write is lost"
@@ -99,7 +101,9 @@ async fn member_ids(ch: &Channel) -> Vec<u64> {
     use baton_proto::etcdserverpb::{cluster_client::ClusterClient, MemberListRequest};
     let r = within(
         CALL,
-        ClusterClient::new(ch.clone()).member_list(MemberListRequest { linearizable: false }),
+        ClusterClient::new(ch.clone()).member_list(MemberListRequest {
+            linearizable: false,
+        }),
     )
     .await
     .unwrap();
@@ -137,9 +141,13 @@ async fn a_full_quota_raises_nospace_on_every_member_and_recovers_after_compacti
     let follower = (leader + 1) % 3;
     let ids = member_ids(&chans[leader]).await;
 
-    put(&chans[leader], "scratch", b"deleted under the alarm".to_vec())
-        .await
-        .unwrap();
+    put(
+        &chans[leader],
+        "scratch",
+        b"deleted under the alarm".to_vec(),
+    )
+    .await
+    .unwrap();
     // The writer, spread over the members (followers forward): until refused.
     let mut acked: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     let started = Instant::now();
@@ -168,17 +176,21 @@ async fn a_full_quota_raises_nospace_on_every_member_and_recovers_after_compacti
         started.elapsed()
     );
     assert!(
-        written >= QUOTA / 2 && written <= QUOTA + 2 * MIB,
+        (QUOTA / 2..=QUOTA + 2 * MIB).contains(&written),
         "the quota counts what is kept: {written} bytes written for a {QUOTA}-byte quota"
     );
 
     // Every member raised its own alarm through the log: each lists all three.
     for e in &endpoints {
-        wait_until("every member's NOSPACE is listed", Duration::from_secs(10), || {
-            let list = alarm_list(e);
-            ids.iter()
-                .all(|id| list.contains(&format!("memberID:{id} alarm:NOSPACE")))
-        });
+        wait_until(
+            "every member's NOSPACE is listed",
+            Duration::from_secs(10),
+            || {
+                let list = alarm_list(e);
+                ids.iter()
+                    .all(|id| list.contains(&format!("memberID:{id} alarm:NOSPACE")))
+            },
+        );
     }
     for m in &c.members {
         let (code, body) = http_get(m.client_port, "/health");
@@ -187,12 +199,14 @@ async fn a_full_quota_raises_nospace_on_every_member_and_recovers_after_compacti
     // Writes that add data are refused on every member; reads and deletes are served.
     for ch in &chans {
         let e = put(ch, "more", b"x".to_vec()).await.unwrap_err();
-        assert_eq!((e.code(), e.message()), (tonic::Code::ResourceExhausted, NO_SPACE));
+        assert_eq!(
+            (e.code(), e.message()),
+            (tonic::Code::ResourceExhausted, NO_SPACE)
+        );
         let e = within(
             CALL,
-            baton_proto::etcdserverpb::lease_client::LeaseClient::new(ch.clone()).lease_grant(
-                LeaseGrantRequest { ttl: 60, id: 0 },
-            ),
+            baton_proto::etcdserverpb::lease_client::LeaseClient::new(ch.clone())
+                .lease_grant(LeaseGrantRequest { ttl: 60, id: 0 }),
         )
         .await
         .unwrap_err();
@@ -211,7 +225,10 @@ async fn a_full_quota_raises_nospace_on_every_member_and_recovers_after_compacti
     let restarted = lazy_channel(&endpoints[victim]);
     let deadline = Instant::now() + Duration::from_secs(20);
     while get(&restarted, "k00", 0).await.is_err() {
-        assert!(Instant::now() < deadline, "the restarted member serves reads");
+        assert!(
+            Instant::now() < deadline,
+            "the restarted member serves reads"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     check_acked(&restarted, &acked, "the member restarted after kill -9").await;
@@ -230,13 +247,21 @@ async fn a_full_quota_raises_nospace_on_every_member_and_recovers_after_compacti
     .header
     .unwrap()
     .revision;
-    let compact = etcdctl(&endpoints[leader], &["compact", &rev.to_string(), "--physical"], None);
+    let compact = etcdctl(
+        &endpoints[leader],
+        &["compact", &rev.to_string(), "--physical"],
+        None,
+    );
     assert_eq!(compact.code, 0, "{compact:?}");
     let defrag = etcdctl(&c.endpoints(), &["defrag"], None);
     assert_eq!(defrag.code, 0, "{defrag:?}");
     let disarm = etcdctl(&endpoints[follower], &["alarm", "disarm"], None);
     assert_eq!(disarm.code, 0, "{disarm:?}");
-    assert_eq!(disarm.stdout.matches("alarm:NOSPACE").count(), 3, "{disarm:?}");
+    assert_eq!(
+        disarm.stdout.matches("alarm:NOSPACE").count(),
+        3,
+        "{disarm:?}"
+    );
     for e in &endpoints {
         assert_eq!(alarm_list(e).trim(), "", "no alarm left on {e}");
     }
@@ -270,7 +295,13 @@ async fn a_full_quota_raises_nospace_on_every_member_and_recovers_after_compacti
     // CORRUPT by request, on a follower, for any member: listed everywhere, refuses writes
     // (and compaction) with etcd's words on every member, serves reads.
     let target = ids[0];
-    alarm(&chans[follower], AlarmAction::Activate, target, AlarmType::Corrupt).await;
+    alarm(
+        &chans[follower],
+        AlarmAction::Activate,
+        target,
+        AlarmType::Corrupt,
+    )
+    .await;
     for e in &endpoints {
         wait_until("CORRUPT is listed", Duration::from_secs(10), || {
             alarm_list(e).contains(&format!("memberID:{target} alarm:CORRUPT"))
@@ -293,7 +324,13 @@ async fn a_full_quota_raises_nospace_on_every_member_and_recovers_after_compacti
     }
     let (code, _) = http_get(c.members[follower].client_port, "/health");
     assert_eq!(code, 503);
-    alarm(&chans[leader], AlarmAction::Deactivate, target, AlarmType::Corrupt).await;
+    alarm(
+        &chans[leader],
+        AlarmAction::Deactivate,
+        target,
+        AlarmType::Corrupt,
+    )
+    .await;
     put(&chans[follower], "k00", b"yes".to_vec())
         .await
         .expect("writes again once CORRUPT is cleared");
@@ -302,7 +339,7 @@ async fn a_full_quota_raises_nospace_on_every_member_and_recovers_after_compacti
 
 /// etcd accepts a watch that starts at the compact revision (it refuses only a start below
 /// it). Baton starts it after that revision: the record of what changed at the compact
-/// revision itself is gone (docs/watch.md), so its events are not sent in part; every
+/// revision itself is gone (docs/quota.md), so its events are not sent in part; every
 /// later revision is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_from_exactly_the_compact_revision_is_accepted() {
@@ -349,7 +386,11 @@ async fn a_watch_from_exactly_the_compact_revision_is_accepted() {
     // Below the compact revision: compacted, as etcd.
     let (_tx, mut below) = watch_from(compact_rev - 1, false).await;
     let mut compacted = false;
-    while let Some(r) = tokio::time::timeout(CALL, below.message()).await.unwrap().unwrap() {
+    while let Some(r) = tokio::time::timeout(CALL, below.message())
+        .await
+        .unwrap()
+        .unwrap()
+    {
         if r.compact_revision != 0 {
             assert_eq!(r.compact_revision, compact_rev);
             assert!(r.canceled);
@@ -405,6 +446,127 @@ fn a_quota_out_of_range_is_refused_with_the_flag_named() {
         assert!(
             !dir.path().join("m").exists(),
             "nothing was created for a refused flag"
+        );
+    }
+}
+
+/// Periodic auto-compaction with a short retention (etcd accepts a Go duration, `2s`): the
+/// leader compacts through the log, so old revisions answer "compacted" on every member,
+/// recent ones stay readable, HashKV agrees on all members at one revision, and the log
+/// says so in etcd's words.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn periodic_auto_compaction_compacts_history_on_every_member() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(
+        dir.path(),
+        3,
+        &[
+            "--auto-compaction-mode=periodic",
+            "--auto-compaction-retention=2s",
+        ],
+    );
+    let endpoints: Vec<String> = c.members.iter().map(|m| m.endpoint()).collect();
+    let chans: Vec<Channel> = endpoints.iter().map(|e| lazy_channel(e)).collect();
+    let leader = agreed_leader(&endpoints, Duration::from_secs(20)).await;
+    let first = put(&chans[leader], "h", b"first".to_vec()).await.unwrap();
+    // History accumulates; the compactor keeps about the last 2 s of it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut compacted_everywhere = false;
+    let mut i = 0;
+    while Instant::now() < deadline {
+        put(&chans[i % 3], "h", format!("v{i}").into_bytes())
+            .await
+            .unwrap();
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut all = true;
+        for ch in &chans {
+            match get(ch, "h", first).await {
+                Err(e) => assert_eq!(
+                    e.message(),
+                    "etcdserver: mvcc: required revision has been compacted"
+                ),
+                Ok(_) => all = false,
+            }
+        }
+        if all {
+            compacted_everywhere = true;
+            break;
+        }
+    }
+    assert!(
+        compacted_everywhere,
+        "revision {first} never compacted on every member:\n{}",
+        c.logs()
+    );
+    // Recent history is kept: the revision of a put just made is readable on the leader.
+    let recent = put(&chans[leader], "h", b"recent".to_vec()).await.unwrap();
+    assert_eq!(
+        get(&chans[leader], "h", recent).await.unwrap().as_deref(),
+        Some(&b"recent"[..])
+    );
+    // Every member applied the same compactions: one hash at one revision.
+    for ch in &chans {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while get(ch, "h", 0).await.ok().flatten().as_deref() != Some(&b"recent"[..]) {
+            assert!(Instant::now() < deadline);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    hash_kv_agrees(&chans, recent).await;
+    let logs = c.logs();
+    assert!(logs.contains("starting auto periodic compaction"), "{logs}");
+    assert!(
+        logs.contains("completed auto periodic compaction"),
+        "{logs}"
+    );
+}
+
+/// Auto-compaction flags etcd refuses (an unknown mode) or Baton refuses (a retention that
+/// is neither hours nor a duration, revisions given as a duration) stop the start with the
+/// flag named.
+#[test]
+fn bad_auto_compaction_flags_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for (args, said) in [
+        (
+            &[
+                "--auto-compaction-mode=hourly",
+                "--auto-compaction-retention=1",
+            ][..],
+            "unknown auto-compaction-mode \"hourly\"",
+        ),
+        (
+            &["--auto-compaction-retention=1d"][..],
+            "--auto-compaction-retention=\"1d\"",
+        ),
+        (
+            &["--auto-compaction-retention=-1"][..],
+            "--auto-compaction-retention=\"-1\"",
+        ),
+        (
+            &[
+                "--auto-compaction-mode=revision",
+                "--auto-compaction-retention=5m",
+            ][..],
+            "revision retention is a whole number of revisions",
+        ),
+    ] {
+        let out = crate::common::baton_cmd()
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(dir.path().join("m"))
+            .arg("--listen-client-urls")
+            .arg(format!("http://127.0.0.1:{}", crate::common::free_port()))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(said), "{args:?}: {stderr}");
+        assert!(
+            !dir.path().join("m").exists(),
+            "nothing was created for {args:?}"
         );
     }
 }
