@@ -34,7 +34,8 @@
 //! memory, so what counts is the replicated state's size estimate
 //! (`StateMachine::approximate_size_bytes`: every retained version's key and value plus a
 //! fixed overhead, leases, locks, fences), which grows with every revision kept and shrinks
-//! when a compaction drops history. The tick compares it with the quota ([`over_quota`]);
+//! when a compaction drops history. The tick compares it with the quota ([`over_quota`];
+//! less often on a store whose estimate is slow to compute, see `disk_watch`);
 //! over it, this member refuses writes that add data at once and raises its own `NOSPACE`
 //! through the log, as every etcd member does after applying the write that crossed it.
 //! Unlike the disk's, a quota alarm never clears itself: as on etcd, the operator compacts
@@ -210,7 +211,12 @@ impl Space {
     /// Whether this member refuses writes that add data before proposing them: its disk
     /// is low or its state is over the quota.
     pub(crate) fn refuses_writes(&self) -> bool {
-        self.is_low() || self.over_quota.load(Ordering::Acquire)
+        self.is_low() || self.over_quota()
+    }
+
+    /// The last quota judgement.
+    pub(crate) fn over_quota(&self) -> bool {
+        self.over_quota.load(Ordering::Acquire)
     }
 
     /// Records the quota judgement; returns the previous one.
