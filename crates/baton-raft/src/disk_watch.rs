@@ -92,38 +92,62 @@ impl DiskWatch {
                 tracing::info!(free_bytes = ?free, "disk space available again: writes accepted");
             }
         }
-        let me = replica.member_id;
-        let raised = shared
+        let over = self.judge_quota(false);
+        self.update_alarm(low, over);
+    }
+
+    /// Judges the quota now (`force`), or if its pacing allows (see
+    /// [`DiskWatch::quota_next`]); else the last judgement.
+    fn judge_quota(&self, force: bool) -> bool {
+        let space = &self.replica.shared.space;
+        let quota = space.quota;
+        if quota.is_none() {
+            return false;
+        }
+        if !force && Instant::now() < *self.quota_next.lock() {
+            let compacted = self.replica.shared.state.read().sm.compact_revision().0;
+            return space.over_quota_at(compacted);
+        }
+        let started = Instant::now();
+        let (size, kv, compacted) = {
+            let st = self.replica.shared.state.read();
+            (
+                st.sm.approximate_size_bytes(),
+                st.sm.kv_size_bytes(),
+                st.sm.compact_revision().0,
+            )
+        };
+        let cost = started.elapsed();
+        *self.quota_next.lock() = Instant::now() + (cost * QUOTA_CHECK_COST_FACTOR).max(LEASE_TICK);
+        let over = space::over_quota(size, quota);
+        if space.set_over_quota(over, compacted, size.saturating_sub(kv)) != over {
+            if over {
+                tracing::warn!(
+                    size_bytes = size,
+                    quota_bytes = ?quota,
+                    "the store outgrew the backend quota (--quota-backend-bytes): raising \
+                     NOSPACE; writes that add data are refused until an operator compacts, \
+                     defragments and runs `etcdctl alarm disarm`"
+                );
+            } else {
+                tracing::info!(size_bytes = size, quota_bytes = ?quota, "the store is under the backend quota again");
+            }
+        }
+        over
+    }
+
+    /// Raises this member's `NOSPACE` when its disk is `low` or its store `over` the quota,
+    /// and clears one the disk watch raised for the disk once neither holds.
+    fn update_alarm(self: &Arc<Self>, low: bool, over: bool) {
+        let me = self.replica.member_id;
+        let raised = self
+            .replica
+            .shared
             .state
             .read()
             .sm
             .alarms()
             .contains(&(me, AlarmType::NoSpace));
-        let quota = shared.space.quota;
-        let over = if quota.is_some() && Instant::now() >= *self.quota_next.lock() {
-            let started = Instant::now();
-            let size = shared.state.read().sm.approximate_size_bytes();
-            let cost = started.elapsed();
-            *self.quota_next.lock() =
-                Instant::now() + (cost * QUOTA_CHECK_COST_FACTOR).max(LEASE_TICK);
-            let over = space::over_quota(size, quota);
-            if shared.space.set_over_quota(over) != over {
-                if over {
-                    tracing::warn!(
-                        size_bytes = size,
-                        quota_bytes = ?quota,
-                        "the store outgrew the backend quota (--quota-backend-bytes): raising \
-                         NOSPACE; writes that add data are refused until an operator compacts, \
-                         defragments and runs `etcdctl alarm disarm`"
-                    );
-                } else {
-                    tracing::info!(size_bytes = size, quota_bytes = ?quota, "the store is under the backend quota again");
-                }
-            }
-            over
-        } else {
-            shared.space.over_quota()
-        };
         if !raised {
             // Whatever raised and cleared it before (the watch, or `alarm disarm`), the next
             // alarm's causes start from now.
@@ -181,5 +205,19 @@ impl DiskWatch {
                 tracing::debug!(error = %e, "size-triggered snapshot not started");
             }
         }
+    }
+}
+
+/// The quota check woken by an apply that took the store over the quota
+/// (`Space::quota_wake`), between the disk watch's ticks. Weak, as the ticker.
+pub(crate) async fn quota_wakeups(watch: std::sync::Weak<DiskWatch>) {
+    loop {
+        let Some(w) = watch.upgrade() else { return };
+        let shared = w.replica.shared.clone();
+        drop(w);
+        shared.space.quota_wake.notified().await;
+        let Some(w) = watch.upgrade() else { return };
+        let over = w.judge_quota(true);
+        w.update_alarm(w.replica.shared.space.is_low(), over);
     }
 }

@@ -44,7 +44,7 @@
 
 use std::io;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -156,6 +156,15 @@ pub(crate) struct Space {
     /// The last quota judgement: the state is over the quota, writes that add data are
     /// refused on this member.
     over_quota: AtomicBool,
+    /// The compact revision the last judgement saw: a compaction since (the one thing that
+    /// shrinks the store) makes it stale, and it refuses nothing until judged again.
+    judged_at_compaction: AtomicI64,
+    /// The estimate's part outside the key space at the last judgement (leases, locks,
+    /// fences), added to the key space's `O(1)` size after every apply ([`Space::near_quota`]).
+    rest_bytes: AtomicU64,
+    /// Wakes the quota check at once when an apply takes the store over the quota, so every
+    /// member raises its alarm right after applying the write that crossed it, as etcd's.
+    pub(crate) quota_wake: tokio::sync::Notify,
     /// Measure free space with statvfs (not with an injected disk).
     measure: bool,
     /// Free bytes at the last measurement (`u64::MAX`: not measured).
@@ -174,6 +183,9 @@ impl Space {
             reserve,
             quota,
             over_quota: AtomicBool::new(false),
+            judged_at_compaction: AtomicI64::new(0),
+            rest_bytes: AtomicU64::new(0),
+            quota_wake: tokio::sync::Notify::new(),
             measure,
             free: AtomicU64::new(u64::MAX),
             low: AtomicBool::new(false),
@@ -208,20 +220,36 @@ impl Space {
         self.low.swap(low, Ordering::AcqRel)
     }
 
-    /// Whether this member refuses writes that add data before proposing them: its disk
-    /// is low or its state is over the quota.
-    pub(crate) fn refuses_writes(&self) -> bool {
-        self.is_low() || self.over_quota()
-    }
-
     /// The last quota judgement.
     pub(crate) fn over_quota(&self) -> bool {
         self.over_quota.load(Ordering::Acquire)
     }
 
-    /// Records the quota judgement; returns the previous one.
-    pub(crate) fn set_over_quota(&self, over: bool) -> bool {
+    /// Whether the last quota judgement still refuses writes in a state compacted up to
+    /// `compact_revision`: not once a compaction happened after it (the next check
+    /// judges again; an operator who compacted and disarmed can write at once).
+    pub(crate) fn over_quota_at(&self, compact_revision: i64) -> bool {
+        self.over_quota() && self.judged_at_compaction.load(Ordering::Acquire) == compact_revision
+    }
+
+    /// Records a quota judgement made on a state compacted up to `compact_revision`, whose
+    /// estimate had `rest` bytes outside the key space; returns the previous judgement.
+    pub(crate) fn set_over_quota(&self, over: bool, compact_revision: i64, rest: u64) -> bool {
+        self.judged_at_compaction
+            .store(compact_revision, Ordering::Release);
+        self.rest_bytes.store(rest, Ordering::Relaxed);
         self.over_quota.swap(over, Ordering::AcqRel)
+    }
+
+    /// After an apply: whether a key space of `kv_bytes` (plus the rest as last measured)
+    /// reaches the quota while the last judgement said it did not — then the quota check
+    /// should run now rather than at the next tick.
+    pub(crate) fn near_quota(&self, kv_bytes: u64) -> bool {
+        !self.over_quota()
+            && over_quota(
+                kv_bytes.saturating_add(self.rest_bytes.load(Ordering::Relaxed)),
+                self.quota,
+            )
     }
 
     pub(crate) fn snapshot_blocked(&self) -> bool {

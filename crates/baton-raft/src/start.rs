@@ -531,6 +531,9 @@ fn spawn_duties(parts: &Parts) {
         Arc::downgrade(&parts.disk),
         Arc::downgrade(&parts.fencing),
     ));
+    let quota = tokio::spawn(crate::disk_watch::quota_wakeups(Arc::downgrade(
+        &parts.disk,
+    )));
     let publish = tokio::spawn(publish::run(Arc::downgrade(&parts.router)));
     let removal = tokio::spawn(membership::removal_loop(Arc::downgrade(&parts.router)));
     let election = election::spawn(&parts.handlers.elector);
@@ -538,7 +541,7 @@ fn spawn_duties(parts: &Parts) {
     parts
         .tasks
         .lock()
-        .extend([ticker, publish, removal, election, leaders]);
+        .extend([ticker, quota, publish, removal, election, leaders]);
 }
 
 /// Counts the leader changes this member sees (`observe::LeaderSeen`), from openraft's
