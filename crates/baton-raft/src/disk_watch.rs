@@ -35,6 +35,27 @@ pub(crate) struct DiskWatch {
     quota_next: parking_lot::Mutex<Instant>,
 }
 
+/// What to do with this member's `NOSPACE`, pure: its disk is `low`, its store `over` the
+/// quota, the alarm `raised` (replicated state), and `disk_cause` says a low disk was seen
+/// while it was raised. Returns the action and the new `disk_cause`. Raised for either
+/// cause; cleared by the watch only when a low disk was among its causes and neither cause
+/// is left — a quota alarm waits for `alarm disarm`, as etcd's. When no alarm is raised,
+/// the causes start from now (whoever cleared the last one: the watch, or a disarm).
+fn alarm_action(
+    low: bool,
+    over: bool,
+    raised: bool,
+    disk_cause: bool,
+) -> (Option<AlarmAction>, bool) {
+    let disk_cause = if raised { disk_cause || low } else { low };
+    let action = match (low || over, raised) {
+        (true, false) => Some(AlarmAction::Activate),
+        (false, true) if disk_cause => Some(AlarmAction::Deactivate),
+        _ => None,
+    };
+    (action, disk_cause)
+}
+
 /// See [`DiskWatch::quota_next`].
 const QUOTA_CHECK_COST_FACTOR: u32 = 50;
 
@@ -148,19 +169,10 @@ impl DiskWatch {
             .sm
             .alarms()
             .contains(&(me, AlarmType::NoSpace));
-        if !raised {
-            // Whatever raised and cleared it before (the watch, or `alarm disarm`), the next
-            // alarm's causes start from now.
-            self.disk_cause.store(low, Ordering::Release);
-        } else if low {
-            self.disk_cause.store(true, Ordering::Release);
-        }
-        let action = match (low || over, raised) {
-            (true, false) => AlarmAction::Activate,
-            // Cleared by the watch only when it was the disk's and no cause is left.
-            (false, true) if self.disk_cause.load(Ordering::Acquire) => AlarmAction::Deactivate,
-            _ => return,
-        };
+        let (action, disk_cause) =
+            alarm_action(low, over, raised, self.disk_cause.load(Ordering::Acquire));
+        self.disk_cause.store(disk_cause, Ordering::Release);
+        let Some(action) = action else { return };
         if self.alarm_in_flight.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -219,5 +231,38 @@ pub(crate) async fn quota_wakeups(watch: std::sync::Weak<DiskWatch>) {
         let Some(w) = watch.upgrade() else { return };
         let over = w.judge_quota(true);
         w.update_alarm(w.replica.shared.space.is_low(), over);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quota_alarm_waits_for_disarm_and_a_disk_alarm_clears_itself() {
+        use AlarmAction::{Activate, Deactivate};
+        // Nothing raised: raise for either cause.
+        assert_eq!(
+            alarm_action(true, false, false, false),
+            (Some(Activate), true)
+        );
+        assert_eq!(
+            alarm_action(false, true, false, false),
+            (Some(Activate), false)
+        );
+        assert_eq!(alarm_action(false, false, false, true), (None, false));
+        // Raised for the disk: cleared once the disk has room and the store is under quota.
+        assert_eq!(alarm_action(true, false, true, true), (None, true));
+        assert_eq!(alarm_action(false, true, true, true), (None, true));
+        assert_eq!(
+            alarm_action(false, false, true, true),
+            (Some(Deactivate), true)
+        );
+        // Raised for the quota alone: never cleared by the watch, compacted or not.
+        assert_eq!(alarm_action(false, true, true, false), (None, false));
+        assert_eq!(alarm_action(false, false, true, false), (None, false));
+        // A restart on a full disk: the first tick sees the disk low, so the alarm is the
+        // disk's again and clears itself later.
+        assert_eq!(alarm_action(true, false, true, false), (None, true));
     }
 }

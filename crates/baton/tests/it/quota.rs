@@ -255,6 +255,15 @@ async fn a_full_quota_raises_nospace_on_every_member_and_recovers_after_compacti
     assert_eq!(compact.code, 0, "{compact:?}");
     let defrag = etcdctl(&c.endpoints(), &["defrag"], None);
     assert_eq!(defrag.code, 0, "{defrag:?}");
+    // Under the quota now, but a quota alarm waits for the operator, as etcd's.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        alarm_list(&endpoints[leader])
+            .matches("alarm:NOSPACE")
+            .count(),
+        3,
+        "a quota alarm does not clear itself"
+    );
     let disarm = etcdctl(&endpoints[follower], &["alarm", "disarm"], None);
     assert_eq!(disarm.code, 0, "{disarm:?}");
     assert_eq!(
