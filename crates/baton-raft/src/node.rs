@@ -401,6 +401,52 @@ impl Node {
         transfer::move_leader(&self.parts.router, target).await
     }
 
+    /// etcd's `Defragment`, Baton's way: etcd rewrites its database file so the pages a
+    /// compaction freed leave the file; Baton's store is in memory (a compaction frees it at
+    /// once), and what takes room on disk is the log and the snapshot. So this member writes
+    /// a snapshot of its state as applied now — compacted history gone from it — and
+    /// openraft purges the log it covers, and the data directory shrinks as etcd's file
+    /// does. Local to this member, as etcd's. `NoSpace` when the snapshot does not fit;
+    /// `Timeout` when none covering this moment was written within the deadline.
+    pub async fn defragment(&self) -> Result<(), ProposeError> {
+        const DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+        let replica = &self.parts.replica;
+        replica.check_running()?;
+        let covered = |m: &openraft::RaftMetrics<u64, crate::types::Member>, target: u64| {
+            m.snapshot.is_some_and(|s| s.index >= target)
+        };
+        let Some(target) = replica
+            .raft
+            .metrics()
+            .borrow()
+            .last_applied
+            .map(|l| l.index)
+        else {
+            return Ok(());
+        };
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if covered(&replica.raft.metrics().borrow(), target) {
+                return Ok(());
+            }
+            if !replica.shared.snapshot_fits() {
+                return Err(ProposeError::NoSpace);
+            }
+            // Ignored while a snapshot is being built: then wait for it and ask again.
+            if let Err(e) = replica.raft.trigger().snapshot().await {
+                tracing::debug!(error = %e, "defragment: snapshot not started");
+            }
+            let _ = replica
+                .raft
+                .wait(Some(std::time::Duration::from_secs(1)))
+                .metrics(|m| covered(m, target), "snapshot covers the applied index")
+                .await;
+            if Instant::now() >= deadline {
+                return Err(ProposeError::Timeout);
+            }
+        }
+    }
+
     /// Stops Raft and the background tasks; everything acknowledged is already on disk.
     pub async fn shutdown(&self) {
         let parts = &self.parts;

@@ -253,8 +253,20 @@ async fn a_full_quota_raises_nospace_on_every_member_and_recovers_after_compacti
         None,
     );
     assert_eq!(compact.code, 0, "{compact:?}");
+    let db_size = |ch: Channel| async move {
+        within(
+            CALL,
+            MaintenanceClient::new(ch).status(baton_proto::etcdserverpb::StatusRequest {}),
+        )
+        .await
+        .unwrap()
+        .db_size
+    };
+    let before = db_size(chans[follower].clone()).await;
     let defrag = etcdctl(&c.endpoints(), &["defrag"], None);
     assert_eq!(defrag.code, 0, "{defrag:?}");
+    let after = db_size(chans[follower].clone()).await;
+    eprintln!("db size {before} -> {after} bytes after compaction and defragment");
     // Under the quota now, but a quota alarm waits for the operator, as etcd's.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
@@ -344,6 +356,55 @@ async fn a_full_quota_raises_nospace_on_every_member_and_recovers_after_compacti
         .await
         .expect("writes again once CORRUPT is cleared");
     drop(c);
+}
+
+/// `Defragment` has etcd's meaning on disk: after a compaction, `etcdctl defrag` makes the
+/// member write a snapshot of what is left and drop the log it covers, so the data
+/// directory (`Status.dbSize`) shrinks, as etcd's file does after its rewrite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defragment_after_compaction_shrinks_the_data_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Baton::start(&dir.path().join("m"));
+    let ch = lazy_channel(&b.endpoint());
+    let mut rev = 0;
+    for i in 0..600 {
+        rev = put(&ch, "big", vec![b'a' + (i % 26) as u8; VALUE_BYTES])
+            .await
+            .unwrap();
+    }
+    let db_size = || async {
+        within(
+            CALL,
+            MaintenanceClient::new(ch.clone()).status(baton_proto::etcdserverpb::StatusRequest {}),
+        )
+        .await
+        .unwrap()
+        .db_size
+    };
+    let before = db_size().await;
+    assert!(
+        before > 9 * MIB as i64,
+        "the log holds the history: {before}"
+    );
+    let compact = etcdctl(&b.endpoint(), &["compact", &rev.to_string()], None);
+    assert_eq!(compact.code, 0, "{compact:?}");
+    let defrag = etcdctl(&b.endpoint(), &["defrag"], None);
+    assert_eq!(defrag.code, 0, "{defrag:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut after = db_size().await;
+    while after > before / 2 {
+        assert!(
+            Instant::now() < deadline,
+            "db size {before} -> {after}: defragment gave nothing back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        after = db_size().await;
+    }
+    eprintln!("db size {before} -> {after} bytes after compaction and defragment");
+    assert_eq!(
+        get(&ch, "big", 0).await.unwrap().unwrap().len(),
+        VALUE_BYTES
+    );
 }
 
 /// etcd accepts a watch that starts at the compact revision (it refuses only a start below
