@@ -148,6 +148,14 @@ async fn a_full_quota_raises_nospace_on_every_member_and_recovers_after_compacti
     )
     .await
     .unwrap();
+    let lease = within(
+        CALL,
+        baton_proto::etcdserverpb::lease_client::LeaseClient::new(chans[leader].clone())
+            .lease_grant(LeaseGrantRequest { ttl: 600, id: 0 }),
+    )
+    .await
+    .unwrap()
+    .id;
     // The writer, spread over the members (followers forward): until refused.
     let mut acked: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     let started = Instant::now();
@@ -215,6 +223,15 @@ async fn a_full_quota_raises_nospace_on_every_member_and_recovers_after_compacti
     }
     let del = etcdctl(&endpoints[follower], &["del", "scratch"], None);
     assert_eq!((del.code, del.stdout.trim()), (0, "1"), "{del:?}");
+    let revoke = etcdctl(
+        &endpoints[follower],
+        &["lease", "revoke", &format!("{lease:x}")],
+        None,
+    );
+    assert_eq!(
+        revoke.code, 0,
+        "a revoke is served under NOSPACE: {revoke:?}"
+    );
 
     // kill -9 a follower under the alarm: it comes back with everything acknowledged, and
     // the alarms (replicated state) with it.
