@@ -171,14 +171,15 @@ impl Deployment {
                 flag("snapshot-count", count.to_string());
             }
 
-            match kind {
-                Kind::Baton => flag(
+            if kind == Kind::Baton {
+                flag(
                     "listen-metrics-urls",
                     format!("http://127.0.0.1:{}", ports[3 * i + 2]),
-                ),
-                // 1M keys of 256 B outgrow etcd's default 2 GiB backend quota with history.
-                Kind::Etcd => flag("quota-backend-bytes", (8u64 << 30).to_string()),
+                );
             }
+            // 1M keys of 256 B outgrow the default 2 GiB backend quota with history (etcd's
+            // file and Baton's estimate alike): both get the same larger one.
+            flag("quota-backend-bytes", (8u64 << 30).to_string());
             if let Some(tls) = &settings.tls {
                 for (f, v) in tls.server_flags() {
                     // Boolean flags as `--flag=true`, the one form Go's flag package (etcd)

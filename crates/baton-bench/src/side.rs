@@ -637,7 +637,7 @@ pub async fn side_by_side(args: SideBySideArgs) -> Result<()> {
     let mut settings_text = vec![
         format!(
             "both servers: fsync on (their default), heartbeat {} ms, election timeout {} ms, \
-             snapshot count {}; etcd with --quota-backend-bytes 8 GiB; members on loopback; {}",
+             snapshot count {}; --quota-backend-bytes 8 GiB; members on loopback; {}",
             settings.heartbeat_ms,
             settings.election_ms,
             settings

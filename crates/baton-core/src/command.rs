@@ -174,11 +174,12 @@ pub enum AlarmAction {
 /// Persisted (log and snapshots): see [`crate::format`] (variants append-only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum AlarmType {
-    /// A member's disk is (nearly) full: writes that add data are refused until it clears.
+    /// A member's disk is (nearly) full, or its store outgrew `--quota-backend-bytes`:
+    /// writes that add data are refused until it clears.
     NoSpace,
-    /// The members' key spaces differ at the same revision (etcd's corruption checks). What
-    /// it refuses while raised is the alarm path's (`state_machine/alarm.rs`); raising and
-    /// listing it is this variant.
+    /// The cluster's data diverged (etcd's `CORRUPT`, raised by request): every command
+    /// that changes the key space or the leases by request is refused until it clears
+    /// ([`Command::refused_while_corrupt`]). Appended last (persisted).
     Corrupt,
 }
 
@@ -232,6 +233,56 @@ impl Command {
             };
         }
     }
+}
+
+impl Command {
+    /// Whether a raised `CORRUPT` alarm refuses this command: what etcd 3.4's corrupt
+    /// applier (`etcdserver/corrupt.go`, `applierV3Corrupt`) refuses — `Put`,
+    /// `DeleteRange`, a `Txn` that reaches its log (a writing one: etcd serves read-only
+    /// txns without the log, and so does this, since Baton logs every txn), `Compact`,
+    /// `LeaseGrant` and `LeaseRevoke` — and Baton's own commands that change keys by
+    /// request (lock enqueue and force-release). Reads are served (etcd's `Range` and
+    /// read-only `Txn` use its base applier), alarms can be cleared, and the leader's
+    /// duties (lease expiry, checkpoints) go on.
+    pub fn refused_while_corrupt(&self) -> bool {
+        let mut command = self;
+        loop {
+            return match command {
+                Command::Deduplicated { command: inner, .. }
+                | Command::Authorized { command: inner, .. } => {
+                    command = inner;
+                    continue;
+                }
+                Command::Put(_)
+                | Command::DeleteRange(_)
+                | Command::Compact { .. }
+                | Command::LeaseGrant { .. }
+                | Command::LeaseRevoke { .. }
+                | Command::LockEnqueue { .. }
+                | Command::LockForceRelease { .. } => true,
+                Command::Txn(t) => txn_writes(t),
+                Command::Noop
+                | Command::ExpireLeases { .. }
+                | Command::ExpireLeasesInTerm { .. }
+                | Command::LeaseCheckpoint { .. }
+                | Command::FenceCheck { .. }
+                | Command::RegisterClient { .. }
+                | Command::UnregisterClient { .. }
+                | Command::Alarm { .. }
+                | Command::Auth(_)
+                | Command::FencingKey { .. } => false,
+            };
+        }
+    }
+}
+
+/// Whether either branch of `t` (or of a txn nested in it) holds a put or a delete.
+fn txn_writes(t: &TxnRequest) -> bool {
+    t.success.iter().chain(&t.failure).any(|op| match op {
+        RequestOp::Put(_) | RequestOp::DeleteRange(_) => true,
+        RequestOp::Txn(inner) => txn_writes(inner),
+        RequestOp::Range(_) => false,
+    })
 }
 
 /// Whether either branch of `t` (or of a txn nested in it) holds a put.
@@ -461,6 +512,10 @@ pub enum KvError {
     /// `Command::Authorized` nested in another, or inside a `Deduplicated`.
     #[error("misplaced Authorized wrapper")]
     MisplacedAuthorized,
+    /// A `CORRUPT` alarm is raised and the command would change the key space or the
+    /// leases (etcd's `ErrCorrupt`, sent as `ErrGRPCCorrupt`). Appended last (persisted).
+    #[error("corrupt cluster (CORRUPT alarm raised)")]
+    Corrupt,
 }
 
 impl From<AuthError> for KvError {
@@ -618,5 +673,10 @@ mod tests {
         assert_eq!(tag(&KvError::NoSpace), 24);
         let r = bincode::serialize(&Response::Alarm { changed: None }).unwrap();
         assert_eq!(r[0], 16);
+        assert_eq!(
+            bincode::serialize(&AlarmType::Corrupt).unwrap(),
+            [1, 0, 0, 0]
+        );
+        assert_eq!(tag(&KvError::Corrupt), 27);
     }
 }

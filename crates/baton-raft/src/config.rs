@@ -45,6 +45,11 @@ pub struct NodeConfig {
     /// refuses writes that add data and raises `NOSPACE` (see `space`); 0 disables the
     /// measurement (a full disk still raises it).
     pub disk_reserve_bytes: u64,
+    /// etcd's `--quota-backend-bytes` as resolved by the server: the size estimate of the
+    /// replicated state (`StateMachine::approximate_size_bytes`) above which this member
+    /// raises `NOSPACE` through the log (see `space`); `None`: no quota (etcd's negative
+    /// value).
+    pub quota_backend_bytes: Option<u64>,
     /// etcd's `--strict-reconfig-check` (default on): membership changes that would leave
     /// fewer started voters than a quorum are refused (`membership::plan`).
     pub strict_reconfig_check: bool,
@@ -69,6 +74,7 @@ impl NodeConfig {
             cluster: None,
             env: Environment::default(),
             disk_reserve_bytes: space::DEFAULT_SPACE_RESERVE_BYTES,
+            quota_backend_bytes: Some(space::DEFAULT_QUOTA_BACKEND_BYTES),
             strict_reconfig_check: true,
             force_new_cluster: false,
         }

@@ -1,14 +1,16 @@
 //! The disk watch's tick on every member ([`DiskWatch`]): free space measured and judged (see
-//! `space`), a stalled log writer poked, a snapshot that did not fit tried again, this
-//! member's `NOSPACE` alarm raised or cleared through the leader, and the size-based
-//! snapshot trigger.
+//! `space`), the state's size compared with the backend quota, a stalled log writer poked, a
+//! snapshot that did not fit tried again, this member's `NOSPACE` alarm raised (for either
+//! cause) or cleared (for the disk's only) through the leader, and the size-based snapshot
+//! trigger.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use baton_core::{AlarmAction, AlarmType, Command};
+use tokio::time::Instant;
 
-use crate::limits::SNAPSHOT_LOG_MIN_BYTES;
+use crate::limits::{LEASE_TICK, SNAPSHOT_LOG_MIN_BYTES};
 use crate::replica::Replica;
 use crate::routing::Router;
 use crate::space;
@@ -21,7 +23,41 @@ pub(crate) struct DiskWatch {
     alarm_in_flight: AtomicBool,
     /// Warnings of the alarm proposals.
     alarm_log: space::RateLimit,
+    /// This member's raised `NOSPACE` has a low disk among its causes (seen low while it
+    /// was raised, in this process: after a restart on a full disk the first tick sees it
+    /// again). Only such an alarm clears itself once the disk has room and the state is
+    /// under the quota; one raised for the quota alone waits for `alarm disarm`, as etcd's.
+    disk_cause: AtomicBool,
+    /// When the quota is judged next: the size estimate walks the lease, lock and fence
+    /// tables under the state's read lock, so a check that took `d` waits
+    /// [`QUOTA_CHECK_COST_FACTOR`]`× d` (at least a tick) before the next one, keeping the
+    /// applies it holds up below 2% on any store.
+    quota_next: parking_lot::Mutex<Instant>,
 }
+
+/// What to do with this member's `NOSPACE`, pure: its disk is `low`, its store `over` the
+/// quota, the alarm `raised` (replicated state), and `disk_cause` says a low disk was seen
+/// while it was raised. Returns the action and the new `disk_cause`. Raised for either
+/// cause; cleared by the watch only when a low disk was among its causes and neither cause
+/// is left — a quota alarm waits for `alarm disarm`, as etcd's. When no alarm is raised,
+/// the causes start from now (whoever cleared the last one: the watch, or a disarm).
+fn alarm_action(
+    low: bool,
+    over: bool,
+    raised: bool,
+    disk_cause: bool,
+) -> (Option<AlarmAction>, bool) {
+    let disk_cause = if raised { disk_cause || low } else { low };
+    let action = match (low || over, raised) {
+        (true, false) => Some(AlarmAction::Activate),
+        (false, true) if disk_cause => Some(AlarmAction::Deactivate),
+        _ => None,
+    };
+    (action, disk_cause)
+}
+
+/// See [`DiskWatch::quota_next`].
+const QUOTA_CHECK_COST_FACTOR: u32 = 50;
 
 impl DiskWatch {
     pub(crate) fn new(replica: Arc<Replica>, router: Arc<Router>) -> Arc<DiskWatch> {
@@ -30,14 +66,16 @@ impl DiskWatch {
             router,
             alarm_in_flight: AtomicBool::new(false),
             alarm_log: space::RateLimit::default(),
+            disk_cause: AtomicBool::new(false),
+            quota_next: parking_lot::Mutex::new(Instant::now()),
         })
     }
 
     /// One tick (see the module docs). Both the alarm's raising and its clearing go through
     /// the leader from any member: a follower's full disk stops the cluster's writes as
-    /// etcd's does (a follower that cannot log would otherwise fall behind silently), and
-    /// the leader accepts an alarm raised over `Forward` only for its sender's own id
-    /// (`peer_server::check_forwarded`).
+    /// etcd's does (a follower that cannot log would otherwise fall behind silently). Each
+    /// member judges its own quota, so with one quota on all members each raises its own
+    /// alarm, as each etcd member does after applying the write that crossed it.
     pub(crate) async fn tick(self: &Arc<Self>) {
         let replica = &self.replica;
         let shared = &replica.shared;
@@ -75,18 +113,66 @@ impl DiskWatch {
                 tracing::info!(free_bytes = ?free, "disk space available again: writes accepted");
             }
         }
-        let me = replica.member_id;
-        let raised = shared
+        let over = self.judge_quota(false);
+        self.update_alarm(low, over);
+    }
+
+    /// Judges the quota now (`force`), or if its pacing allows (see
+    /// [`DiskWatch::quota_next`]); else the last judgement.
+    fn judge_quota(&self, force: bool) -> bool {
+        let space = &self.replica.shared.space;
+        let quota = space.quota;
+        if quota.is_none() {
+            return false;
+        }
+        if !force && Instant::now() < *self.quota_next.lock() {
+            let compacted = self.replica.shared.state.read().sm.compact_revision().0;
+            return space.over_quota_at(compacted);
+        }
+        let started = Instant::now();
+        let (size, kv, compacted) = {
+            let st = self.replica.shared.state.read();
+            (
+                st.sm.approximate_size_bytes(),
+                st.sm.kv_size_bytes(),
+                st.sm.compact_revision().0,
+            )
+        };
+        let cost = started.elapsed();
+        *self.quota_next.lock() = Instant::now() + (cost * QUOTA_CHECK_COST_FACTOR).max(LEASE_TICK);
+        let over = space::over_quota(size, quota);
+        if space.set_over_quota(over, compacted, size.saturating_sub(kv)) != over {
+            if over {
+                tracing::warn!(
+                    size_bytes = size,
+                    quota_bytes = ?quota,
+                    "the store outgrew the backend quota (--quota-backend-bytes): raising \
+                     NOSPACE; writes that add data are refused until an operator compacts, \
+                     defragments and runs `etcdctl alarm disarm`"
+                );
+            } else {
+                tracing::info!(size_bytes = size, quota_bytes = ?quota, "the store is under the backend quota again");
+            }
+        }
+        over
+    }
+
+    /// Raises this member's `NOSPACE` when its disk is `low` or its store `over` the quota,
+    /// and clears one the disk watch raised for the disk once neither holds.
+    fn update_alarm(self: &Arc<Self>, low: bool, over: bool) {
+        let me = self.replica.member_id;
+        let raised = self
+            .replica
+            .shared
             .state
             .read()
             .sm
             .alarms()
             .contains(&(me, AlarmType::NoSpace));
-        let action = match (low, raised) {
-            (true, false) => AlarmAction::Activate,
-            (false, true) => AlarmAction::Deactivate,
-            _ => return,
-        };
+        let (action, disk_cause) =
+            alarm_action(low, over, raised, self.disk_cause.load(Ordering::Acquire));
+        self.disk_cause.store(disk_cause, Ordering::Release);
+        let Some(action) = action else { return };
         if self.alarm_in_flight.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -102,10 +188,13 @@ impl DiskWatch {
                 Ok(_) if action == AlarmAction::Activate => {
                     tracing::warn!(member = format_args!("{me:x}"), "NOSPACE alarm raised")
                 }
-                Ok(_) => tracing::info!(
-                    member = format_args!("{me:x}"),
-                    "NOSPACE alarm cleared: space is available again"
-                ),
+                Ok(_) => {
+                    watch.disk_cause.store(false, Ordering::Release);
+                    tracing::info!(
+                        member = format_args!("{me:x}"),
+                        "NOSPACE alarm cleared: space is available again"
+                    )
+                }
                 Err(e) => {
                     if watch.alarm_log.allow() {
                         tracing::warn!(error = %e, ?action, "proposing the NOSPACE alarm failed; will retry");
@@ -128,5 +217,52 @@ impl DiskWatch {
                 tracing::debug!(error = %e, "size-triggered snapshot not started");
             }
         }
+    }
+}
+
+/// The quota check woken by an apply that took the store over the quota
+/// (`Space::quota_wake`), between the disk watch's ticks. Weak, as the ticker.
+pub(crate) async fn quota_wakeups(watch: std::sync::Weak<DiskWatch>) {
+    loop {
+        let Some(w) = watch.upgrade() else { return };
+        let shared = w.replica.shared.clone();
+        drop(w);
+        shared.space.quota_wake.notified().await;
+        let Some(w) = watch.upgrade() else { return };
+        let over = w.judge_quota(true);
+        w.update_alarm(w.replica.shared.space.is_low(), over);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quota_alarm_waits_for_disarm_and_a_disk_alarm_clears_itself() {
+        use AlarmAction::{Activate, Deactivate};
+        // Nothing raised: raise for either cause.
+        assert_eq!(
+            alarm_action(true, false, false, false),
+            (Some(Activate), true)
+        );
+        assert_eq!(
+            alarm_action(false, true, false, false),
+            (Some(Activate), false)
+        );
+        assert_eq!(alarm_action(false, false, false, true), (None, false));
+        // Raised for the disk: cleared once the disk has room and the store is under quota.
+        assert_eq!(alarm_action(true, false, true, true), (None, true));
+        assert_eq!(alarm_action(false, true, true, true), (None, true));
+        assert_eq!(
+            alarm_action(false, false, true, true),
+            (Some(Deactivate), true)
+        );
+        // Raised for the quota alone: never cleared by the watch, compacted or not.
+        assert_eq!(alarm_action(false, true, true, false), (None, false));
+        assert_eq!(alarm_action(false, false, true, false), (None, false));
+        // A restart on a full disk: the first tick sees the disk low, so the alarm is the
+        // disk's again and clears itself later.
+        assert_eq!(alarm_action(true, false, true, false), (None, true));
     }
 }

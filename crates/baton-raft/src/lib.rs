@@ -9,8 +9,9 @@
 //! keeps it so):
 //! - storage: `wal` (the durable, checksummed Raft log with group commit and torn-tail
 //!   recovery), `snapshot` (snapshot files), `files` (small atomic files: vote, member
-//!   identity), `space` (the disk's free space), `sm` (the applied state — core state machine,
-//!   watch hub, lease clock — as openraft's state machine), `lease` (the lease clock),
+//!   identity), `space` (the disk's free space and the backend quota), `sm` (the applied
+//!   state — core state machine, watch hub, lease clock — as openraft's state machine),
+//!   `lease` (the lease clock),
 //!   `deletions` (one-shot key-deletion watches that wake lock waiters one at a time);
 //! - data: `types` (openraft's type configuration, `Member`), `answer` (the API's answers
 //!   and errors), `error` (why a start failed), `config` and `limits` (how a replica is
@@ -112,6 +113,8 @@ pub use crate::origin::{origin, LeaderDuty, Origin};
 pub use crate::restore::{
     restore_data_dir, RestoreError, RestoreInto, Restored, RESTORED_LAST_APPLIED,
 };
-pub use crate::space::DEFAULT_SPACE_RESERVE_BYTES;
+pub use crate::space::{
+    DEFAULT_QUOTA_BACKEND_BYTES, DEFAULT_SPACE_RESERVE_BYTES, MAX_SUGGESTED_QUOTA_BACKEND_BYTES,
+};
 pub use crate::status::{NodeStatus, WalWritePaths};
 pub use crate::transfer::TransferError;

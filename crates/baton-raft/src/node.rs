@@ -318,7 +318,7 @@ impl Node {
             snapshot_installing: shared.installing_snapshot.load(Ordering::Relaxed),
             wal_write_bytes: replica.wal.stats.written_bytes.load(Ordering::Relaxed),
             disk_bytes: status.disk_bytes,
-            quota_bytes: status.disk_bytes + headroom,
+            quota_bytes: space.quota.unwrap_or(status.disk_bytes + headroom),
             apply: shared.state.read().tally,
         };
         replica.observed.fill(&mut m);
@@ -414,6 +414,52 @@ impl Node {
     /// leader itself succeeds at once.
     pub async fn move_leader(&self, target: u64) -> Result<(), TransferError> {
         transfer::move_leader(&self.parts.router, target).await
+    }
+
+    /// etcd's `Defragment`, Baton's way: etcd rewrites its database file so the pages a
+    /// compaction freed leave the file; Baton's store is in memory (a compaction frees it at
+    /// once), and what takes room on disk is the log and the snapshot. So this member writes
+    /// a snapshot of its state as applied now — compacted history gone from it — and
+    /// openraft purges the log it covers, and the data directory shrinks as etcd's file
+    /// does. Local to this member, as etcd's. `NoSpace` when the snapshot does not fit;
+    /// `Timeout` when none covering this moment was written within the deadline.
+    pub async fn defragment(&self) -> Result<(), ProposeError> {
+        const DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+        let replica = &self.parts.replica;
+        replica.check_running()?;
+        let covered = |m: &openraft::RaftMetrics<u64, crate::types::Member>, target: u64| {
+            m.snapshot.is_some_and(|s| s.index >= target)
+        };
+        let Some(target) = replica
+            .raft
+            .metrics()
+            .borrow()
+            .last_applied
+            .map(|l| l.index)
+        else {
+            return Ok(());
+        };
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if covered(&replica.raft.metrics().borrow(), target) {
+                return Ok(());
+            }
+            if !replica.shared.snapshot_fits() {
+                return Err(ProposeError::NoSpace);
+            }
+            // Ignored while a snapshot is being built: then wait for it and ask again.
+            if let Err(e) = replica.raft.trigger().snapshot().await {
+                tracing::debug!(error = %e, "defragment: snapshot not started");
+            }
+            let _ = replica
+                .raft
+                .wait(Some(std::time::Duration::from_secs(1)))
+                .metrics(|m| covered(m, target), "snapshot covers the applied index")
+                .await;
+            if Instant::now() >= deadline {
+                return Err(ProposeError::Timeout);
+            }
+        }
     }
 
     /// Stops Raft and the background tasks; everything acknowledged is already on disk.

@@ -165,11 +165,11 @@ pub struct ReplicaMetrics {
     /// `etcd_mvcc_db_total_size_in_bytes`: what the data directory's log and snapshot take
     /// on disk (etcd: its bbolt file).
     pub disk_bytes: u64,
-    /// `etcd_server_quota_backend_bytes`: how large that may grow before writes are refused
-    /// as "database space exceeded". etcd refuses above a fixed quota (2 GiB by default);
-    /// Baton refuses when the file system's free space falls below `--disk-reserve-bytes`,
-    /// so its quota is what it takes now plus the free space above the reserve (the last
-    /// measurement; `disk_bytes` alone before the first one).
+    /// `etcd_server_quota_backend_bytes`: `--quota-backend-bytes` (2 GiB by default), the
+    /// size estimate of the state above which `NOSPACE` is raised, as etcd's. Without a
+    /// quota (a negative flag), what the data takes on disk now plus the free space above
+    /// `--disk-reserve-bytes` (the disk's own limit; `disk_bytes` alone before the first
+    /// measurement).
     pub quota_bytes: u64,
     pub apply: ApplyTally,
 }

@@ -3,8 +3,7 @@
 //! Most commands are a client's request, made on any member and forwarded to the leader if
 //! need be. A few are decided by the leader alone, from state only it has: lease expiry (its
 //! lease clock says a deadline passed), lease checkpoints (remaining TTLs it measured) and
-//! blank entries, raising an alarm (its disk watch says the disk is nearly full), and
-//! installing a fencing-token signing key (it draws the key itself: bootstrap, rotation).
+//! blank entries, and installing a fencing-token signing key (it draws the key itself: bootstrap, rotation).
 //! Applied from anywhere else they are an attack, not a request: a forged
 //! `ExpireLeases` expires a live lease at once, whatever its TTL (issue 14). So every
 //! command that enters a replica from outside — the public [`crate::Node::propose`] and
@@ -15,7 +14,7 @@
 //! [`origin`] is an exhaustive `match` on `Command` without a wildcard: a new variant does
 //! not compile until someone decides who may send it.
 
-use baton_core::{AlarmAction, Command};
+use baton_core::Command;
 use serde::{Deserialize, Serialize};
 
 /// A command that only the leader's own duties propose.
@@ -30,10 +29,10 @@ pub enum LeaderDuty {
     /// Remaining TTLs measured on the leader's lease clock; a forged one would shorten a
     /// lease after the next leader change.
     LeaseCheckpoint,
-    /// Raising an alarm (`Command::Alarm` with `Activate`): the leader's disk watch decides
-    /// it; a forged one would stop every write of the cluster. Clearing one is a client's
-    /// request (`etcdctl alarm disarm`), as in etcd. Appended last: this enum travels in
-    /// `ProposeError::LeaderOnly` between members.
+    /// Obsolete, never returned since issue 18: raising an alarm was the leader's duty
+    /// until `Maintenance.Alarm` ACTIVATE became a client's request, as in etcd (root only
+    /// with auth on). Kept in place: this enum travels in `ProposeError::LeaderOnly`
+    /// between members, and its variants are positions.
     RaiseAlarm,
     /// Installing a fencing-token signing key (`Command::FencingKey`, bootstrap or
     /// rotation): the leader draws the seed itself (`fencing_duty`), so nobody outside it
@@ -105,14 +104,10 @@ pub fn origin(command: &Command) -> Origin {
             | Command::UnregisterClient { .. }
             // The auth store's changes and token issues (maintenance.rs's Auth service).
             | Command::Auth(_)
-            | Command::Alarm {
-                action: AlarmAction::Deactivate,
-                ..
-            } => return Origin::Client,
-            Command::Alarm {
-                action: AlarmAction::Activate,
-                ..
-            } => LeaderDuty::RaiseAlarm,
+            // etcd's `Maintenance.Alarm` ACTIVATE and DEACTIVATE (root only once auth is
+            // on, checked by the server), and every member's own disk and quota watch
+            // (`disk_watch`), which raises its alarm through the leader like a client.
+            | Command::Alarm { .. } => return Origin::Client,
             Command::Noop => LeaderDuty::Noop,
             Command::ExpireLeases { .. } => LeaderDuty::ExpireLeases,
             Command::ExpireLeasesInTerm { .. } => LeaderDuty::ExpireLeasesInTerm,
@@ -134,7 +129,9 @@ pub(crate) fn client_may_propose(command: &Command) -> Result<(), LeaderDuty> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use baton_core::{DeleteRangeRequest, KeyRange, LeaseId, PutRequest, Term, TxnRequest};
+    use baton_core::{
+        AlarmAction, DeleteRangeRequest, KeyRange, LeaseId, PutRequest, Term, TxnRequest,
+    };
 
     /// One command of every variant, with its expected origin. The match inside makes this
     /// list fail to compile when a variant is added, like `origin` itself.
@@ -229,14 +226,7 @@ mod tests {
                     }
                     Command::LeaseCheckpoint { .. } => Origin::Leader(LeaderDuty::LeaseCheckpoint),
                     Command::FencingKey { .. } => Origin::Leader(LeaderDuty::FencingKey),
-                    Command::Alarm {
-                        action: AlarmAction::Activate,
-                        ..
-                    } => Origin::Leader(LeaderDuty::RaiseAlarm),
-                    Command::Alarm {
-                        action: AlarmAction::Deactivate,
-                        ..
-                    } => Origin::Client,
+                    Command::Alarm { .. } => Origin::Client,
                     Command::Put(_)
                     | Command::DeleteRange(_)
                     | Command::Txn(_)
@@ -296,7 +286,6 @@ mod tests {
                 LeaderDuty::ExpireLeases,
                 LeaderDuty::ExpireLeasesInTerm,
                 LeaderDuty::LeaseCheckpoint,
-                LeaderDuty::RaiseAlarm,
                 LeaderDuty::FencingKey
             ]
         );

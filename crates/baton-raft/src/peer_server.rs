@@ -39,7 +39,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use baton_core::{AlarmAction, Command};
 use baton_proto::baton::raft::v1::raft_server::{Raft as RaftService, RaftServer};
 use baton_proto::baton::raft::v1::PeerMessage;
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
@@ -110,9 +109,6 @@ pub(crate) enum Refusal {
     /// A forwarded `Publish` of another member's attributes.
     #[error("baton: member {from:x} may publish only its own attributes, not {id:x}'s")]
     PublishForAnother { from: u64, id: u64 },
-    /// A forwarded `NOSPACE` alarm raised for another member than its sender.
-    #[error("baton: member {from:x} may raise only its own alarm, not {id:x}'s")]
-    AlarmForAnother { from: u64, id: u64 },
     /// A request without the cluster token's credential: in the envelope (every method but
     /// `Members`) or in a joiner's request (`Members`, also when undecodable).
     #[error("baton: peer requests need the credential of this cluster's --initial-cluster-token")]
@@ -134,7 +130,6 @@ impl Refusal {
             Refusal::Removed(_) | Refusal::UnknownSender(_) => "not_a_member",
             Refusal::LeaderOnly(_) => "leader_only_command",
             Refusal::PublishForAnother { .. } => "publish_for_another",
-            Refusal::AlarmForAnother { .. } => "alarm_for_another",
             Refusal::NoClusterToken => "no_cluster_token",
             Refusal::FormatVersion { .. } => "format_version",
         }
@@ -163,7 +158,6 @@ impl Refusal {
             | Refusal::Removed(_)
             | Refusal::LeaderOnly(_)
             | Refusal::PublishForAnother { .. }
-            | Refusal::AlarmForAnother { .. }
             | Refusal::NoClusterToken => Status::permission_denied(self.to_string()),
         }
     }
@@ -187,22 +181,9 @@ pub(crate) fn check_format(field: u32) -> Result<(), Refusal> {
 /// forwarded request's content, apart from who sent it.
 pub(crate) fn check_forwarded(from: u64, req: &LeaderRequest) -> Result<(), Refusal> {
     match req {
-        // A member's own full disk: raised through the leader like etcd's, but only by
-        // the member it names (`from` is as good as the token and the peer certificate).
-        LeaderRequest::Propose(Command::Alarm {
-            action: AlarmAction::Activate,
-            member_id,
-            ..
-        }) => {
-            if *member_id == from {
-                Ok(())
-            } else {
-                Err(Refusal::AlarmForAnother {
-                    from,
-                    id: *member_id,
-                })
-            }
-        }
+        // Alarms, raised or cleared, are a client's request since etcd's `Maintenance.Alarm`
+        // ACTIVATE is served (issue 18): a member's own watch raises its alarm this way,
+        // and a client on a follower may raise one for any member, as on etcd.
         LeaderRequest::Propose(command) => {
             origin::client_may_propose(command).map_err(Refusal::LeaderOnly)
         }
@@ -519,7 +500,7 @@ pub(crate) fn spawn(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use baton_core::{LeaseId, PutRequest};
+    use baton_core::{AlarmAction, Command, LeaseId, PutRequest};
 
     use crate::types::Member;
 
@@ -553,11 +534,9 @@ mod tests {
                 alarm: baton_core::AlarmType::NoSpace,
             })
         };
+        // A client's ACTIVATE on a follower may name any member, as on etcd.
         assert_eq!(check_forwarded(2, &alarm(2)), Ok(()));
-        assert_eq!(
-            check_forwarded(2, &alarm(3)),
-            Err(Refusal::AlarmForAnother { from: 2, id: 3 })
-        );
+        assert_eq!(check_forwarded(2, &alarm(3)), Ok(()));
         for req in [
             LeaderRequest::ReadIndex,
             LeaderRequest::KeepAlive(LeaseId(1)),
@@ -615,11 +594,6 @@ mod tests {
                 Refusal::PublishForAnother { from: 1, id: 2 },
                 tonic::Code::PermissionDenied,
                 "publish_for_another",
-            ),
-            (
-                Refusal::AlarmForAnother { from: 1, id: 2 },
-                tonic::Code::PermissionDenied,
-                "alarm_for_another",
             ),
             (
                 Refusal::NoClusterToken,

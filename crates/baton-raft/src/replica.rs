@@ -190,15 +190,20 @@ impl Replica {
         }
     }
 
-    /// Refuses a command that adds data while this member's space is low or a `NOSPACE`
-    /// alarm is applied, before it costs a log entry: the apply-time refusal
-    /// (`StateMachine::apply`) only covers what was proposed before the alarm, and a log
-    /// that cannot grow could not take the entry anyway.
+    /// Refuses a command that adds data while this member's space is low, its state is over
+    /// the quota or a `NOSPACE` alarm is applied, before it costs a log entry: the
+    /// apply-time refusal (`StateMachine::apply`) only covers what was proposed before the
+    /// alarm, and a log that cannot grow could not take the entry anyway.
     pub(crate) fn refuse_without_space(&self, command: &Command) -> Result<(), ProposeError> {
-        if command.adds_data()
-            && (self.shared.space.is_low() || self.shared.state.read().sm.no_space())
-        {
-            return Err(ProposeError::NoSpace);
+        if command.adds_data() {
+            let space = &self.shared.space;
+            let refused = space.is_low() || {
+                let st = self.shared.state.read();
+                st.sm.no_space() || space.over_quota_at(st.sm.compact_revision().0)
+            };
+            if refused {
+                return Err(ProposeError::NoSpace);
+            }
         }
         Ok(())
     }

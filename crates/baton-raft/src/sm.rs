@@ -404,6 +404,10 @@ impl RaftStateMachine<TypeConfig> for StateStore {
             }
             replies.push(Reply { applied });
         }
+        let space = &self.shared.space;
+        if space.quota.is_some() && space.near_quota(self.shared.state.read().sm.kv_size_bytes()) {
+            space.quota_wake.notify_one();
+        }
         if let Some(rev) = revision {
             self.shared.revision_tx.send_if_modified(|r| {
                 let changed = *r != rev;

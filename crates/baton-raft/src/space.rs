@@ -28,10 +28,23 @@
 //!
 //! With an injected disk (the simulation) free space is not measured: the simulated disk
 //! is never full.
+//!
+//! **The backend quota** (`--quota-backend-bytes`, issue 18) shares this path. etcd raises
+//! `NOSPACE` when its bbolt file would outgrow the quota; Baton holds the whole store in
+//! memory, so what counts is the replicated state's size estimate
+//! (`StateMachine::approximate_size_bytes`: every retained version's key and value plus a
+//! fixed overhead, leases, locks, fences), which grows with every revision kept and shrinks
+//! when a compaction drops history. The tick compares it with the quota ([`over_quota`];
+//! less often on a store whose estimate is slow to compute, see `disk_watch`);
+//! over it, this member refuses writes that add data at once and raises its own `NOSPACE`
+//! through the log, as every etcd member does after applying the write that crossed it.
+//! Unlike the disk's, a quota alarm never clears itself: as on etcd, the operator compacts
+//! (and defragments) and then disarms it (`etcdctl alarm disarm`); disarmed while still
+//! over the quota, it is raised again at the next tick.
 
 use std::io;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -45,6 +58,12 @@ use tokio::time::Instant;
 /// smaller than Baton's state needs `--disk-reserve-bytes` lowered, one shared with other
 /// data raised.
 pub const DEFAULT_SPACE_RESERVE_BYTES: u64 = 64 << 20;
+
+/// etcd's default `--quota-backend-bytes` (2 GiB), used for 0.
+pub const DEFAULT_QUOTA_BACKEND_BYTES: u64 = 2 << 30;
+
+/// The quota etcd suggests at most (8 GiB): above it a warning is logged, as etcd's.
+pub const MAX_SUGGESTED_QUOTA_BACKEND_BYTES: u64 = 8 << 30;
 
 /// How often at most the disk watch repeats the same warning.
 pub(crate) const LOG_EVERY: Duration = Duration::from_secs(10);
@@ -97,6 +116,13 @@ pub(crate) fn judge(free: Option<u64>, reserve: u64, was_low: bool, blocked: boo
     free < threshold
 }
 
+/// Whether a state of `size` bytes (the core's estimate) is over `quota` (`None`: none).
+/// etcd refuses a write when `size + cost >= quota`; here the write was applied, so the
+/// size reaching the quota is what raises the alarm.
+pub(crate) fn over_quota(size: u64, quota: Option<u64>) -> bool {
+    quota.is_some_and(|q| size >= q)
+}
+
 /// Whether a snapshot of about `estimate` bytes fits in `free`, keeping a quarter of the
 /// reserve (at least 1 MiB, a log preallocation step) for the log meanwhile.
 pub(crate) fn snapshot_fits(free: Option<u64>, reserve: u64, estimate: u64) -> bool {
@@ -125,6 +151,20 @@ impl RateLimit {
 pub(crate) struct Space {
     /// `--disk-reserve-bytes`.
     pub(crate) reserve: u64,
+    /// `--quota-backend-bytes` (`None`: no quota).
+    pub(crate) quota: Option<u64>,
+    /// The last quota judgement: the state is over the quota, writes that add data are
+    /// refused on this member.
+    over_quota: AtomicBool,
+    /// The compact revision the last judgement saw: a compaction since (the one thing that
+    /// shrinks the store) makes it stale, and it refuses nothing until judged again.
+    judged_at_compaction: AtomicI64,
+    /// The estimate's part outside the key space at the last judgement (leases, locks,
+    /// fences), added to the key space's `O(1)` size after every apply ([`Space::near_quota`]).
+    rest_bytes: AtomicU64,
+    /// Wakes the quota check at once when an apply takes the store over the quota, so every
+    /// member raises its alarm right after applying the write that crossed it, as etcd's.
+    pub(crate) quota_wake: tokio::sync::Notify,
     /// Measure free space with statvfs (not with an injected disk).
     measure: bool,
     /// Free bytes at the last measurement (`u64::MAX`: not measured).
@@ -138,9 +178,14 @@ pub(crate) struct Space {
 }
 
 impl Space {
-    pub(crate) fn new(reserve: u64, measure: bool) -> Self {
+    pub(crate) fn new(reserve: u64, quota: Option<u64>, measure: bool) -> Self {
         Space {
             reserve,
+            quota,
+            over_quota: AtomicBool::new(false),
+            judged_at_compaction: AtomicI64::new(0),
+            rest_bytes: AtomicU64::new(0),
+            quota_wake: tokio::sync::Notify::new(),
             measure,
             free: AtomicU64::new(u64::MAX),
             low: AtomicBool::new(false),
@@ -175,6 +220,38 @@ impl Space {
         self.low.swap(low, Ordering::AcqRel)
     }
 
+    /// The last quota judgement.
+    pub(crate) fn over_quota(&self) -> bool {
+        self.over_quota.load(Ordering::Acquire)
+    }
+
+    /// Whether the last quota judgement still refuses writes in a state compacted up to
+    /// `compact_revision`: not once a compaction happened after it (the next check
+    /// judges again; an operator who compacted and disarmed can write at once).
+    pub(crate) fn over_quota_at(&self, compact_revision: i64) -> bool {
+        self.over_quota() && self.judged_at_compaction.load(Ordering::Acquire) == compact_revision
+    }
+
+    /// Records a quota judgement made on a state compacted up to `compact_revision`, whose
+    /// estimate had `rest` bytes outside the key space; returns the previous judgement.
+    pub(crate) fn set_over_quota(&self, over: bool, compact_revision: i64, rest: u64) -> bool {
+        self.judged_at_compaction
+            .store(compact_revision, Ordering::Release);
+        self.rest_bytes.store(rest, Ordering::Relaxed);
+        self.over_quota.swap(over, Ordering::AcqRel)
+    }
+
+    /// After an apply: whether a key space of `kv_bytes` (plus the rest as last measured)
+    /// reaches the quota while the last judgement said it did not — then the quota check
+    /// should run now rather than at the next tick.
+    pub(crate) fn near_quota(&self, kv_bytes: u64) -> bool {
+        !self.over_quota()
+            && over_quota(
+                kv_bytes.saturating_add(self.rest_bytes.load(Ordering::Relaxed)),
+                self.quota,
+            )
+    }
+
     pub(crate) fn snapshot_blocked(&self) -> bool {
         self.snapshot_blocked.load(Ordering::Acquire)
     }
@@ -203,6 +280,14 @@ mod tests {
         // Not measured, or no reserve: only ENOSPC counts.
         assert!(!judge(None, r, true, false));
         assert!(!judge(Some(0), 0, true, false));
+    }
+
+    #[test]
+    fn over_the_quota_from_its_size_on_and_never_without_one() {
+        assert!(!over_quota(99, Some(100)));
+        assert!(over_quota(100, Some(100)));
+        assert!(over_quota(u64::MAX, Some(100)));
+        assert!(!over_quota(u64::MAX, None));
     }
 
     #[test]

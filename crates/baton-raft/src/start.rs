@@ -95,7 +95,11 @@ impl Node {
         let raft_config = raft_config(&config, timing, member.cluster_id, &mut rng)?;
         let (applied_log_id, applied_membership) = (state.last_applied, state.membership.clone());
         let hub = WatchHub::new(config.max_pending_watch_events);
-        let space = space::Space::new(config.disk_reserve_bytes, config.env.disk.is_none());
+        let space = space::Space::new(
+            config.disk_reserve_bytes,
+            config.quota_backend_bytes,
+            config.env.disk.is_none(),
+        );
         let shared = Arc::new(Shared::new(state, hub, dir.snap, current_snapshot, space));
         let (mut log_store, wal) = wal::open(&dir.raft, recovered, config.env.disk.clone())?;
         if config.force_new_cluster {
@@ -562,6 +566,9 @@ fn spawn_duties(parts: &Parts) {
         Arc::downgrade(&parts.disk),
         Arc::downgrade(&parts.fencing),
     ));
+    let quota = tokio::spawn(crate::disk_watch::quota_wakeups(Arc::downgrade(
+        &parts.disk,
+    )));
     let publish = tokio::spawn(publish::run(Arc::downgrade(&parts.router)));
     let removal = tokio::spawn(membership::removal_loop(Arc::downgrade(&parts.router)));
     let election = election::spawn(&parts.handlers.elector);
@@ -569,7 +576,7 @@ fn spawn_duties(parts: &Parts) {
     parts
         .tasks
         .lock()
-        .extend([ticker, publish, removal, election, leaders]);
+        .extend([ticker, quota, publish, removal, election, leaders]);
 }
 
 /// Counts the leader changes this member sees (`observe::LeaderSeen`), from openraft's

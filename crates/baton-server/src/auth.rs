@@ -395,7 +395,7 @@ fn encoding_key(algorithm: Algorithm, path: &str) -> Result<EncodingKey, AuthCon
 }
 
 /// Go's `time.ParseDuration` for the forms a flag uses: `300ms`, `1s`, `5m`, `1h`, `1m30s`.
-fn parse_go_duration(s: &str) -> Option<Duration> {
+pub(crate) fn parse_go_duration(s: &str) -> Option<Duration> {
     let mut total = Duration::ZERO;
     let mut rest = s;
     if rest.is_empty() {

@@ -26,6 +26,9 @@ pub const TOO_LARGE: &str = "etcdserver: request is too large";
 /// etcd's `ErrGRPCNoSpace` (code `ResourceExhausted`): a `NOSPACE` alarm is raised, or this
 /// member's disk is nearly full, and the request would add data.
 pub const NO_SPACE: &str = "etcdserver: mvcc: database space exceeded";
+/// etcd's `ErrGRPCCorrupt` (code `DataLoss`): a `CORRUPT` alarm is raised and the request
+/// would change keys or leases.
+pub const CORRUPT: &str = "etcdserver: corrupt cluster";
 /// etcd's `ErrGRPCStopped` (code `Unavailable`).
 pub const STOPPED: &str = "etcdserver: server stopped";
 
@@ -66,6 +69,7 @@ pub fn kv_status(err: &KvError) -> Status {
         KvError::NoSpace => Code::ResourceExhausted,
         KvError::Auth(e) => return auth_status(*e),
         KvError::MisplacedAuthorized => Code::Internal,
+        KvError::Corrupt => Code::DataLoss,
     };
     Status::new(code, kv_message(err))
 }
@@ -187,6 +191,7 @@ pub fn kv_message(err: &KvError) -> Cow<'static, str> {
         KvError::NoSpace => NO_SPACE.into(),
         KvError::Auth(e) => auth_message(*e).into(),
         KvError::MisplacedAuthorized => "baton: internal error: misplaced auth wrapper".into(),
+        KvError::Corrupt => CORRUPT.into(),
     }
 }
 
@@ -430,6 +435,7 @@ mod tests {
             (KvError::NoSpace, Code::ResourceExhausted, "etcdserver: mvcc: database space exceeded"),
             (KvError::Auth(AuthError::PermissionDenied), Code::PermissionDenied, "etcdserver: permission denied"),
             (KvError::MisplacedAuthorized, Code::Internal, "baton: internal error: misplaced auth wrapper"),
+            (KvError::Corrupt, Code::DataLoss, "etcdserver: corrupt cluster"),
         ];
         for (err, code, message) in &cases {
             let s = kv_status(err);

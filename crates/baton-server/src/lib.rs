@@ -5,6 +5,9 @@
 //! every client port ([`protocol`]), and the single table that maps internal errors to
 //! etcd's exact status codes and messages ([`errors`]).
 //!
+//! Auto-compaction ([`compactor`], etcd's periodic and revision compactors) runs beside
+//! the services, started by the binary.
+//!
 //! Locks, elections and fencing (`v3lock`, `election`, `baton_v1`) share one engine,
 //! [`locks::LockEngine`], created per [`serve`] call.
 //!
@@ -20,6 +23,7 @@ pub mod baton_v1;
 mod call_session;
 mod client_verifier;
 pub mod cluster;
+pub mod compactor;
 pub mod conn;
 pub mod convert;
 pub mod election;

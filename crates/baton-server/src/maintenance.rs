@@ -14,7 +14,8 @@ use crate::Shared;
 
 mod snapshot_stream;
 
-/// The core's alarm for etcd's `AlarmType` (`None` for `NONE`, "any").
+/// The core's alarm for etcd's `AlarmType` (`None` for `NONE`, "any" in a GET; an
+/// ACTIVATE or DEACTIVATE of it changes nothing).
 fn core_alarm(alarm: pb::AlarmType) -> Option<AlarmType> {
     match alarm {
         pb::AlarmType::Nospace => Some(AlarmType::NoSpace),
@@ -52,57 +53,56 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         use pb::alarm_request::AlarmAction as Action;
         let caller = self.shared.caller(&request)?;
         let req = request.into_inner();
-        let alarms = match req.action() {
-            // A raised alarm stops every write of the cluster, so only a member's own disk
-            // watch raises one (a leader duty, see baton-raft's `origin`); etcd lets any
-            // client do it.
-            Action::Activate => {
-                return Err(not_supported(
-                    "raising alarms by request (a member raises NOSPACE itself)",
-                ))
-            }
+        let action = match req.action() {
             // etcd's GET goes through Raft; a read barrier is the same guarantee.
             Action::Get => {
                 self.shared.read_barrier().await?;
                 let wanted = core_alarm(req.alarm());
-                self.shared.node.read(|sm| {
+                let alarms = self.shared.node.read(|sm| {
                     sm.alarms()
                         .into_iter()
                         .filter(|(_, a)| req.alarm() == pb::AlarmType::None || Some(*a) == wanted)
                         .map(alarm_member)
                         .collect()
-                })
+                });
+                return Ok(tonic::Response::new(pb::AlarmResponse {
+                    header: Some(self.shared.header()),
+                    alarms,
+                }));
             }
+            Action::Activate => AlarmAction::Activate,
             // Exactly (member, alarm), as etcd's `Deactivate`; `etcdctl alarm disarm` lists
             // the alarms first and deactivates each.
-            // Clearing an alarm lets the whole cluster write again: root only.
-            Action::Deactivate if self.shared.require_admin(&caller).is_err() => {
-                return Err(self.shared.require_admin(&caller).unwrap_err());
-            }
-            Action::Deactivate => match core_alarm(req.alarm()) {
-                None => Vec::new(),
-                Some(alarm) => {
-                    let proposed = self
-                        .shared
-                        .propose(Command::Alarm {
-                            action: AlarmAction::Deactivate,
-                            member_id: req.member_id,
-                            alarm,
-                        })
-                        .await?;
-                    match proposed.applied.response {
-                        Response::Alarm { changed } => {
-                            changed.into_iter().map(alarm_member).collect()
-                        }
-                        Response::Error(e) => return Err(kv_status(&e)),
-                        other => {
-                            return Err(Status::internal(format!(
-                                "baton: unexpected answer to an alarm: {other:?}"
-                            )))
-                        }
+            Action::Deactivate => AlarmAction::Deactivate,
+        };
+        // Raising an alarm stops writes of the whole cluster, clearing one lets them in
+        // again: root only once auth is enabled. etcd lets any client raise one (its
+        // `Maintenance.Alarm` ACTIVATE; `CORRUPT` is how an operator stops a cluster whose
+        // data diverged), and so does Baton now, through the log like every alarm.
+        self.shared.require_admin(&caller)?;
+        let alarms = match core_alarm(req.alarm()) {
+            // etcd's store keeps a `NONE` alarm it is asked to raise, which then refuses
+            // nothing; nothing is raised here.
+            None => Vec::new(),
+            Some(alarm) => {
+                let proposed = self
+                    .shared
+                    .propose(Command::Alarm {
+                        action,
+                        member_id: req.member_id,
+                        alarm,
+                    })
+                    .await?;
+                match proposed.applied.response {
+                    Response::Alarm { changed } => changed.into_iter().map(alarm_member).collect(),
+                    Response::Error(e) => return Err(kv_status(&e)),
+                    other => {
+                        return Err(Status::internal(format!(
+                            "baton: unexpected answer to an alarm: {other:?}"
+                        )))
                     }
                 }
-            },
+            }
         };
         Ok(tonic::Response::new(pb::AlarmResponse {
             header: Some(self.shared.header()),
@@ -115,10 +115,16 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         _request: Request<pb::StatusRequest>,
     ) -> Result<tonic::Response<pb::StatusResponse>, Status> {
         let st = self.shared.node.status();
-        let (revision, in_use) = self
+        let (revision, in_use, alarms) = self
             .shared
             .node
-            .read(|sm| (sm.revision(), sm.approximate_size_bytes()));
+            .read(|sm| (sm.revision(), sm.approximate_size_bytes(), sm.alarms()));
+        // etcd lists every raised alarm among the errors (`AlarmMember.String()`, as
+        // `etcdctl alarm list` prints it), which `etcdctl endpoint status` shows.
+        let errors = alarms
+            .into_iter()
+            .map(|(member, alarm)| format!("memberID:{member} alarm:{} ", alarm.name()))
+            .collect();
         Ok(tonic::Response::new(pb::StatusResponse {
             header: Some(self.shared.header_at(revision.0, st.term)),
             version: ETCD_API_VERSION.into(),
@@ -127,7 +133,7 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
             raft_index: st.last_log_index,
             raft_term: st.term,
             raft_applied_index: st.applied_index,
-            errors: Vec::new(),
+            errors,
             db_size_in_use: in_use as i64,
             is_learner: self.shared.node.is_learner(),
         }))
@@ -139,8 +145,15 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
     ) -> Result<tonic::Response<pb::DefragmentResponse>, Status> {
         // Root only once auth is enabled, as etcd.
         self.shared.require_admin(&self.shared.caller(&request)?)?;
-        // The store lives in memory and the log is purged by snapshots, so there is nothing
-        // to defragment; succeed as etcd does on an already compact backend.
+        // What takes room on disk is the log and the snapshot (the store lives in memory,
+        // and a compaction frees it at once): a snapshot of the state as it is now, which
+        // purges the log it covers, shrinks the data directory as etcd's rewrite of its file
+        // does (`Node::defragment`).
+        self.shared
+            .node
+            .defragment()
+            .await
+            .map_err(|e| crate::errors::propose_status(&e))?;
         Ok(tonic::Response::new(pb::DefragmentResponse {
             header: Some(self.shared.header()),
         }))

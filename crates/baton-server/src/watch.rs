@@ -43,9 +43,20 @@ pub const DUPLICATE_WATCH_ID: &str = "mvcc: duplicate watch ID provided on the W
 /// a start below the compact revision is compacted (`watcherGroup.chooseAll`). Revision 1
 /// gets the same answer here through the hub's own compaction check. (A store's compact
 /// revision is 1 until its first compaction.)
+///
+/// A start *at* the compact revision `c` is accepted, as etcd accepts it (it refuses only
+/// `minRev < compactRev`), and starts at `c + 1`: compaction keeps every key's value as of
+/// `c` (a `Range` at `c` reads it) but not the record of what changed at `c`, so Baton
+/// cannot send that revision's events whole. etcd sends what its backend still holds of
+/// revision `c` (its puts, not its deletes: a tombstone at the compact revision is
+/// dropped); Baton sends no part of a revision rather than a part (`docs/quota.md`). Only
+/// a new watch is moved so: a watcher already running that still needs revision `c` when
+/// compaction reaches it is told `Compacted`, as before, since it would miss events.
 fn start_revision(asked: i64, compact_revision: Revision) -> Revision {
-    if asked < 0 && compact_revision > Revision(1) {
+    if compact_revision > Revision(1) && asked < 0 {
         Revision(1)
+    } else if compact_revision > Revision(1) && asked == compact_revision.0 {
+        Revision(asked + 1)
     } else {
         Revision(asked)
     }
@@ -533,5 +544,29 @@ impl Session {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// etcd refuses only a start below the compact revision; a start at it is accepted and
+    /// moved past it (its events are not kept whole), a negative one reads from 1.
+    #[test]
+    fn a_watch_may_start_at_the_compact_revision() {
+        let c = Revision(7);
+        assert_eq!(start_revision(7, c), Revision(8));
+        assert_eq!(
+            start_revision(6, c),
+            Revision(6),
+            "compacted, told so by the hub"
+        );
+        assert_eq!(start_revision(8, c), Revision(8));
+        assert_eq!(start_revision(0, c), Revision(0));
+        assert_eq!(start_revision(-1, c), Revision(1));
+        // Nothing compacted yet: every start as asked.
+        assert_eq!(start_revision(1, Revision(1)), Revision(1));
+        assert_eq!(start_revision(-1, Revision(1)), Revision(-1));
     }
 }

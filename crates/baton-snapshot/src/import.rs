@@ -44,7 +44,8 @@ pub struct ImportInfo {
     pub members: Vec<(u64, String)>,
     /// Buckets neither etcd 3.4 nor Baton writes (ignored).
     pub unknown_buckets: Vec<String>,
-    /// Alarms other than `NOSPACE` (etcd's `CORRUPT`): not carried over.
+    /// Alarms of a type Baton does not know (etcd 3.4 raises only `NOSPACE` and
+    /// `CORRUPT`, both carried over): not carried over.
     pub alarms_dropped: u64,
     pub summary: ImportSummary,
 }
@@ -198,6 +199,8 @@ pub fn read_state<R: ReadAt>(
                 .map_err(|e| entry_err("alarm", &k, e))?;
             if a.alarm == etcdserverpb::AlarmType::Nospace as i32 {
                 im.alarm(a.member_id, AlarmType::NoSpace);
+            } else if a.alarm == etcdserverpb::AlarmType::Corrupt as i32 {
+                im.alarm(a.member_id, AlarmType::Corrupt);
             } else {
                 info.alarms_dropped += 1;
             }

@@ -1191,18 +1191,12 @@ peer-transport-security:
         assert_eq!(go_uint("-1"), None);
     }
 
-    /// Every etcd flag the table lets through to clap is one `baton serve` defines, except
-    /// those other changes of issue 18 are adding now (their clap fields arrive with them).
+    /// Every etcd flag the table lets through to clap is one `baton serve` defines.
     #[test]
     fn native_flags_are_clap_flags() {
         let clap = clap_flags(&cmd());
-        let arriving = [
-            "quota-backend-bytes",
-            "auto-compaction-retention",
-            "auto-compaction-mode",
-        ];
         for s in ETCD_FLAGS {
-            if matches!(s.kind, Kind::Native) && !arriving.contains(&s.name) {
+            if matches!(s.kind, Kind::Native) {
                 assert!(clap.contains_key(s.name), "--{} is not a clap flag", s.name);
             }
             if let Kind::Map(f) = s.kind {

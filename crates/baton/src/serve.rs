@@ -91,6 +91,24 @@ pub struct ServeArgs {
     /// disk still raises the alarm).
     #[arg(long, default_value_t = baton_raft::DEFAULT_SPACE_RESERVE_BYTES)]
     disk_reserve_bytes: u64,
+    /// etcd's backend quota in bytes: when the store's size estimate (every retained
+    /// version's key and value plus a fixed overhead, leases, locks; history counts until
+    /// compacted, see docs/quota.md) reaches it, NOSPACE is raised and writes that add data
+    /// are refused until an operator compacts and disarms. 0: etcd's default, 2 GiB;
+    /// negative: no quota, as etcd's.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    quota_backend_bytes: i64,
+    /// How `--auto-compaction-retention` is read: `periodic` (a duration of history to
+    /// keep) or `revision` (a number of revisions to keep), as etcd's.
+    #[arg(long, default_value = "periodic")]
+    auto_compaction_mode: String,
+    /// History the leader keeps when it compacts by itself [default: 0, off, as etcd's]:
+    /// periodic, a duration (`1h`, `30m`, `2s`) or a whole number of hours, compacting every
+    /// min(retention, 1h) to the revision of one retention ago; revision, a number of
+    /// revisions, compacting every 5 minutes to the current revision minus it. See
+    /// docs/quota.md.
+    #[arg(long, default_value = "0")]
+    auto_compaction_retention: String,
     /// How often (milliseconds) the leader writes the remaining TTL of leases longer than
     /// this interval to the log, so a new leader continues their countdown (etcd's lease
     /// checkpoints, always on here). Lower it only to test failovers.
@@ -212,6 +230,39 @@ pub struct ServeArgs {
     /// `stdout`, or file paths (appended to). systemd's journal is reached through stderr.
     #[arg(long, default_value = "default")]
     log_outputs: String,
+}
+
+/// `--quota-backend-bytes` as etcd reads it (`etcdserver.NewBackendQuota`): 0 is the
+/// default (2 GiB), a negative value disables the quota, and above 8 GiB a warning says the
+/// quota exceeds what etcd suggests (for Baton: the store is held in memory, about that much
+/// plus the allocator's share).
+fn backend_quota(flag: i64) -> Option<u64> {
+    match flag {
+        ..0 => {
+            tracing::info!(quota_size_bytes = flag, "disabled backend quota");
+            None
+        }
+        0 => {
+            let quota = baton_raft::DEFAULT_QUOTA_BACKEND_BYTES;
+            tracing::info!(
+                quota_size_bytes = quota,
+                "enabled backend quota with default value"
+            );
+            Some(quota)
+        }
+        _ => {
+            let quota = flag as u64;
+            if quota > baton_raft::MAX_SUGGESTED_QUOTA_BACKEND_BYTES {
+                tracing::warn!(
+                    quota_size_bytes = quota,
+                    quota_maximum_size_bytes = baton_raft::MAX_SUGGESTED_QUOTA_BACKEND_BYTES,
+                    "quota exceeds the maximum value"
+                );
+            }
+            tracing::info!(quota_size_bytes = quota, "enabled backend quota");
+            Some(quota)
+        }
+    }
 }
 
 /// `--initial-cluster-state`.
@@ -377,6 +428,11 @@ pub async fn serve(args: ServeArgs, warnings: Vec<String>) -> Result<()> {
         tracing::warn!("{w}");
     }
 
+    // Before anything is bound or created: a refused flag changes nothing.
+    let compaction = baton_server::compactor::Policy::from_flags(
+        &args.auto_compaction_mode,
+        &args.auto_compaction_retention,
+    )?;
     let listen_client = split_urls(&args.listen_client_urls);
     let (client_listeners, metrics_listeners) = client_and_metrics_listeners(
         &args,
@@ -434,6 +490,7 @@ pub async fn serve(args: ServeArgs, warnings: Vec<String>) -> Result<()> {
     node_config.election_timeout = election_timeout;
     node_config.snapshot_every_entries = args.snapshot_count;
     node_config.disk_reserve_bytes = args.disk_reserve_bytes;
+    node_config.quota_backend_bytes = backend_quota(args.quota_backend_bytes);
     node_config.lease_checkpoint_interval =
         Duration::from_millis(args.experimental_lease_checkpoint_interval);
     node_config.cluster = cluster;
@@ -464,6 +521,15 @@ pub async fn serve(args: ServeArgs, warnings: Vec<String>) -> Result<()> {
             client_tls_for_peers(&args),
             args.experimental_corrupt_check_time,
         ));
+    }
+    if let Some(policy) = compaction {
+        tracing::info!(
+            auto_compaction_mode = %args.auto_compaction_mode,
+            auto_compaction_retention = %args.auto_compaction_retention,
+            ?policy,
+            "auto-compaction on (the leader compacts)"
+        );
+        baton_server::compactor::spawn(node.clone(), policy);
     }
 
     let auth = baton_server::auth::Authenticator::from_flags(

@@ -1,7 +1,9 @@
 //! Alarms (etcd's alarm store): raised and cleared per member by `Command::Alarm`,
 //! replicated and kept in snapshots. A raised `NoSpace` alarm makes `apply` refuse every
-//! command that adds data ([`Command::adds_data`](crate::Command::adds_data)), on every
-//! replica alike.
+//! command that adds data ([`Command::adds_data`](crate::Command::adds_data)), a raised
+//! `Corrupt` alarm every command that changes keys or leases by request
+//! ([`Command::refused_while_corrupt`](crate::Command::refused_while_corrupt)), on every
+//! replica alike: the alarm list is replicated state, so the refusal is deterministic.
 
 use crate::command::{AlarmAction, AlarmType, Response};
 
@@ -33,6 +35,13 @@ impl StateMachine {
     /// refused ([`Command::adds_data`](crate::Command::adds_data)).
     pub fn no_space(&self) -> bool {
         self.alarms.iter().any(|(_, a)| *a == AlarmType::NoSpace)
+    }
+
+    /// Whether a `Corrupt` alarm is raised for any member: commands that change keys or
+    /// leases by request are refused
+    /// ([`Command::refused_while_corrupt`](crate::Command::refused_while_corrupt)).
+    pub fn corrupt(&self) -> bool {
+        self.alarms.iter().any(|(_, a)| *a == AlarmType::Corrupt)
     }
 }
 
@@ -174,6 +183,92 @@ mod tests {
         assert!(!sm.no_space());
         assert!(matches!(
             sm.apply(&entry(26, put("b", "2"))).response,
+            Response::Put(_)
+        ));
+    }
+    /// CORRUPT refuses what etcd's corrupt applier refuses (writes, compaction, lease
+    /// grant and revoke) plus Baton's lock writes, changes nothing when it refuses, and
+    /// serves read-only txns; clearing it lets writes in again.
+    #[test]
+    fn corrupt_alarm_refuses_key_space_and_lease_changes_only() {
+        let mut sm = StateMachine::new();
+        sm.apply(&entry(1, put("a", "1")));
+        sm.apply(&entry(
+            2,
+            Command::LeaseGrant {
+                id: LeaseId(7),
+                ttl_s: 60,
+            },
+        ));
+        let corrupt = |action| Command::Alarm {
+            action,
+            member_id: 42,
+            alarm: AlarmType::Corrupt,
+        };
+        let raised = sm.apply(&entry(3, corrupt(AlarmAction::Activate)));
+        assert_eq!(
+            raised.response,
+            Response::Alarm {
+                changed: Some((42, AlarmType::Corrupt))
+            }
+        );
+        assert!(sm.corrupt() && !sm.no_space());
+        let before = sm.hash_kv(0).unwrap();
+        let rev = sm.revision();
+        let key = |k: &str| KeyRange {
+            key: k.as_bytes().to_vec(),
+            range_end: Vec::new(),
+        };
+        let refused = [
+            put("b", "2"),
+            Command::DeleteRange(DeleteRangeRequest {
+                range: key("a"),
+                prev_kv: false,
+            }),
+            Command::Txn(TxnRequest {
+                compare: Vec::new(),
+                success: vec![RequestOp::DeleteRange(DeleteRangeRequest {
+                    range: key("a"),
+                    prev_kv: false,
+                })],
+                failure: Vec::new(),
+            }),
+            Command::Compact { revision: rev },
+            Command::LeaseGrant {
+                id: LeaseId(8),
+                ttl_s: 60,
+            },
+            Command::LeaseRevoke { id: LeaseId(7) },
+            enqueue("lock", 7),
+        ];
+        for (i, cmd) in refused.into_iter().enumerate() {
+            assert!(cmd.refused_while_corrupt(), "{cmd:?}");
+            let a = sm.apply(&entry(10 + i as u64, cmd));
+            assert_eq!(a.response, Response::Error(KvError::Corrupt));
+            assert!(a.events.is_empty());
+        }
+        assert_eq!(sm.hash_kv(0).unwrap(), before, "refusals changed nothing");
+        assert_eq!(sm.lease_ids(), vec![LeaseId(7)]);
+        let read_txn = Command::Txn(TxnRequest {
+            compare: Vec::new(),
+            success: vec![RequestOp::Range(RangeRequest {
+                range: key("a"),
+                ..Default::default()
+            })],
+            failure: Vec::new(),
+        });
+        assert!(!read_txn.refused_while_corrupt());
+        assert!(matches!(
+            sm.apply(&entry(20, read_txn)).response,
+            Response::Txn(_)
+        ));
+        // Survives a snapshot; clearing it lets writes in again.
+        let mut sm = StateMachine::restore(&sm.snapshot()).expect("restores");
+        assert!(sm.corrupt());
+        sm.apply(&entry(21, corrupt(AlarmAction::Deactivate)));
+        assert!(!sm.corrupt());
+        assert!(matches!(
+            sm.apply(&entry(22, put("b", "2"))).response,
             Response::Put(_)
         ));
     }

@@ -93,6 +93,9 @@ impl StateMachine {
         // Before any de-duplication decision: a refused exactly-once write leaves its
         // sequence unused, so the client's retry once space is back is applied, not answered
         // from a cache with this refusal.
+        if self.corrupt() && cmd.refused_while_corrupt() {
+            return Err(KvError::Corrupt);
+        }
         if self.no_space() && cmd.adds_data() {
             return Err(KvError::NoSpace);
         }

@@ -89,6 +89,12 @@ impl StateMachine {
         self.store.live_keys()
     }
 
+    /// The key space's share of [`Self::approximate_size_bytes`] (every retained version),
+    /// kept up to date by every write and compaction: `O(1)`, for a check after every apply.
+    pub fn kv_size_bytes(&self) -> u64 {
+        self.store.size_bytes()
+    }
+
     /// Rough bytes held by keys, values and history, for `dbSize` and metrics: key and value
     /// lengths of every retained version plus a fixed per-version overhead, and the lease
     /// table's key sets.

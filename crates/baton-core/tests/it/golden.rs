@@ -496,6 +496,7 @@ fn kv_error_name(e: &KvError) -> &'static str {
         KvError::NoSpace => "no_space",
         KvError::Auth(_) => "auth",
         KvError::MisplacedAuthorized => "misplaced_authorized",
+        KvError::Corrupt => "corrupt",
     }
 }
 
@@ -528,6 +529,7 @@ fn kv_errors() -> Vec<KvError> {
         KvError::NoSpace,
         KvError::Auth(AuthError::PermissionDenied),
         KvError::MisplacedAuthorized,
+        KvError::Corrupt,
     ]
 }
 

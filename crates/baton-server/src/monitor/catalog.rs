@@ -36,7 +36,7 @@ pub(crate) const FAMILIES: &[(&str, Kind, &str)] = &[
     ("etcd_server_slow_apply_total", Counter, "Raft entries (batches of commands) whose apply took longer than 100 ms."),
     ("etcd_server_snapshot_apply_in_progress_total", Gauge, "1 while this member installs a snapshot sent by the leader, else 0."),
     ("etcd_server_heartbeat_send_failures_total", Counter, "Heartbeats (AppendEntries without entries) this member, as leader, failed to deliver."),
-    ("etcd_server_quota_backend_bytes", Gauge, "How large this member's data on disk may grow before writes are refused as 'database space exceeded': what it takes now plus the free space above --disk-reserve-bytes."),
+    ("etcd_server_quota_backend_bytes", Gauge, "Current backend quota size in bytes (--quota-backend-bytes; without a quota, what the data takes on disk plus the free space above --disk-reserve-bytes)."),
     ("etcd_server_id", Gauge, "1, labelled with this member's id in hex."),
     ("etcd_server_version", Gauge, "1, labelled with the etcd server version whose API and metrics Baton reproduces."),
     ("etcd_server_health_success", Counter, "/health requests answered healthy."),

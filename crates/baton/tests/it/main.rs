@@ -34,6 +34,7 @@ mod membership;
 mod metrics;
 mod monitoring;
 mod peer_tls;
+mod quota;
 mod snapshot;
 mod steady_state;
 mod tls;
