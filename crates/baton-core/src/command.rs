@@ -201,16 +201,7 @@ impl Command {
     /// txns. Deletes, compaction, revokes, expiry, fence checks (one number per resource)
     /// and alarms stay allowed: they are how an operator makes room.
     pub fn adds_data(&self) -> bool {
-        // A wrapper is unwrapped in a loop: a sender chooses the nesting depth (see
-        // `baton_raft::origin`), and this runs before anything validates it.
-        let mut command = self;
-        loop {
-            return match command {
-                Command::Deduplicated { command: inner, .. }
-                | Command::Authorized { command: inner, .. } => {
-                    command = inner;
-                    continue;
-                }
+        match self.innermost() {
                 Command::Put(_)
                 | Command::LeaseGrant { .. }
                 | Command::LockEnqueue { .. }
@@ -230,8 +221,23 @@ impl Command {
                 | Command::FenceCheck { .. }
                 | Command::UnregisterClient { .. }
                 | Command::Alarm { .. } => false,
-            };
+            Command::Deduplicated { .. } | Command::Authorized { .. } => {
+                unreachable!("innermost() unwraps every wrapper")
+            }
         }
+    }
+
+    /// The command inside any `Deduplicated`/`Authorized` wrappers. A loop, not recursion:
+    /// a sender chooses the nesting depth (see `baton_raft::origin`), and this runs before
+    /// anything validates it.
+    fn innermost(&self) -> &Command {
+        let mut command = self;
+        while let Command::Deduplicated { command: inner, .. }
+        | Command::Authorized { command: inner, .. } = command
+        {
+            command = inner;
+        }
+        command
     }
 }
 
@@ -245,33 +251,28 @@ impl Command {
     /// read-only `Txn` use its base applier), alarms can be cleared, and the leader's
     /// duties (lease expiry, checkpoints) go on.
     pub fn refused_while_corrupt(&self) -> bool {
-        let mut command = self;
-        loop {
-            return match command {
-                Command::Deduplicated { command: inner, .. }
-                | Command::Authorized { command: inner, .. } => {
-                    command = inner;
-                    continue;
-                }
-                Command::Put(_)
-                | Command::DeleteRange(_)
-                | Command::Compact { .. }
-                | Command::LeaseGrant { .. }
-                | Command::LeaseRevoke { .. }
-                | Command::LockEnqueue { .. }
-                | Command::LockForceRelease { .. } => true,
-                Command::Txn(t) => txn_writes(t),
-                Command::Noop
-                | Command::ExpireLeases { .. }
-                | Command::ExpireLeasesInTerm { .. }
-                | Command::LeaseCheckpoint { .. }
-                | Command::FenceCheck { .. }
-                | Command::RegisterClient { .. }
-                | Command::UnregisterClient { .. }
-                | Command::Alarm { .. }
-                | Command::Auth(_)
-                | Command::FencingKey { .. } => false,
-            };
+        match self.innermost() {
+            Command::Put(_)
+            | Command::DeleteRange(_)
+            | Command::Compact { .. }
+            | Command::LeaseGrant { .. }
+            | Command::LeaseRevoke { .. }
+            | Command::LockEnqueue { .. }
+            | Command::LockForceRelease { .. } => true,
+            Command::Txn(t) => txn_writes(t),
+            Command::Noop
+            | Command::ExpireLeases { .. }
+            | Command::ExpireLeasesInTerm { .. }
+            | Command::LeaseCheckpoint { .. }
+            | Command::FenceCheck { .. }
+            | Command::RegisterClient { .. }
+            | Command::UnregisterClient { .. }
+            | Command::Alarm { .. }
+            | Command::Auth(_)
+            | Command::FencingKey { .. } => false,
+            Command::Deduplicated { .. } | Command::Authorized { .. } => {
+                unreachable!("innermost() unwraps every wrapper")
+            }
         }
     }
 }
