@@ -50,6 +50,10 @@ pub mod watch;
 use std::net::SocketAddr;
 
 pub use access::Caller;
+/// The request limits etcd's `--max-request-bytes` and `--max-txn-ops` name. Baton's are
+/// fixed at etcd's defaults; re-exported so that `baton serve` can accept those flags at
+/// exactly these values without depending on the core.
+pub use baton_core::{MAX_REQUEST_BYTES, MAX_TXN_OPS};
 pub use shared::{ServerConfig, Shared, MAX_GRPC_RECV_BYTES};
 
 /// Serves gRPC, the JSON gateway and HTTP on every client address, and HTTP on every metrics
@@ -86,15 +90,18 @@ pub async fn serve_with_locks(
             shared.config.max_concurrent_streams,
         );
         let http = http::router(shared.clone(), metrics.clone()).merge(gateway.router());
-        let router = transport::server_builder(&shared.config)
-            .accept_http1(true)
-            .layer(protocol::ProtocolSplitLayer::new(http))
-            .layer(metrics_layer::GrpcMetricsLayer)
-            .layer(learner_layer::LearnerGuardLayer {
-                node: shared.node.clone(),
-            })
-            .layer(recv_limit_layer::RecvLimitLayer)
-            .add_routes(routes);
+        let router = transport::server_builder(
+            shared.config.max_concurrent_streams,
+            shared.config.keepalive,
+        )
+        .accept_http1(true)
+        .layer(protocol::ProtocolSplitLayer::new(http))
+        .layer(metrics_layer::GrpcMetricsLayer)
+        .layer(learner_layer::LearnerGuardLayer {
+            node: shared.node.clone(),
+        })
+        .layer(recv_limit_layer::RecvLimitLayer)
+        .add_routes(routes);
         let mut stop = stop_rx.clone();
         tasks.spawn(async move {
             router
@@ -108,10 +115,13 @@ pub async fn serve_with_locks(
     for listener in shared.config.metrics_listeners.clone() {
         let incoming = bind(&listener).await?;
         let http = http::router(shared.clone(), metrics.clone());
-        let router = transport::server_builder(&shared.config)
-            .accept_http1(true)
-            .layer(protocol::ProtocolSplitLayer::http_only(http))
-            .add_routes(tonic::service::Routes::default());
+        let router = transport::server_builder(
+            shared.config.max_concurrent_streams,
+            shared.config.keepalive,
+        )
+        .accept_http1(true)
+        .layer(protocol::ProtocolSplitLayer::http_only(http))
+        .add_routes(tonic::service::Routes::default());
         let mut stop = stop_rx.clone();
         tasks.spawn(async move {
             router
@@ -187,13 +197,16 @@ pub fn grpc_router(
     shared: &Shared,
     locks: &locks::LockEngine,
 ) -> tonic::transport::server::Router<GrpcLayers> {
-    transport::server_builder(&shared.config)
-        .layer(metrics_layer::GrpcMetricsLayer)
-        .layer(learner_layer::LearnerGuardLayer {
-            node: shared.node.clone(),
-        })
-        .layer(recv_limit_layer::RecvLimitLayer)
-        .add_routes(grpc_routes(shared, locks))
+    transport::server_builder(
+        shared.config.max_concurrent_streams,
+        shared.config.keepalive,
+    )
+    .layer(metrics_layer::GrpcMetricsLayer)
+    .layer(learner_layer::LearnerGuardLayer {
+        node: shared.node.clone(),
+    })
+    .layer(recv_limit_layer::RecvLimitLayer)
+    .add_routes(grpc_routes(shared, locks))
 }
 
 /// The gRPC stack [`serve`] runs on a client port, as the JSON gateway calls it: the same

@@ -96,8 +96,10 @@ const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 const MAX_PENDING_HANDSHAKES: usize = 1024;
 
 /// The tonic server builder with the client port's HTTP/2 settings.
-pub fn server_builder(config: &crate::ServerConfig) -> tonic::transport::Server {
-    let (max_concurrent_streams, keepalive) = (config.max_concurrent_streams, config.keepalive);
+pub fn server_builder(
+    max_concurrent_streams: u32,
+    keepalive: Keepalive,
+) -> tonic::transport::Server {
     let nonzero = |d: Duration| (!d.is_zero()).then_some(d);
     tonic::transport::Server::builder()
         .initial_connection_window_size(CONNECTION_WINDOW_BYTES)

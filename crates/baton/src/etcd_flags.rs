@@ -172,13 +172,13 @@ const ETCD_FLAGS: &[Spec] = &[
     refuse(
         "max-txn-ops",
         false,
-        |v| go_uint(v) == Some(baton_core::MAX_TXN_OPS as u64),
+        |v| go_uint(v) == Some(baton_server::MAX_TXN_OPS as u64),
         "Baton's limit is fixed at etcd's default, 128 operations per transaction",
     ),
     refuse(
         "max-request-bytes",
         false,
-        |v| go_uint(v) == Some(baton_core::MAX_REQUEST_BYTES as u64),
+        |v| go_uint(v) == Some(baton_server::MAX_REQUEST_BYTES as u64),
         "Baton's limit is fixed at etcd's default, 1572864 bytes",
     ),
     native("max-concurrent-streams", false),
