@@ -13,7 +13,8 @@ use crate::common::{etcdctl, etcdctl_cmd, Cluster, Proc};
 use etcd_client::{Client, ConnectOptions, GetOptions};
 use regex::Regex;
 
-async fn client(endpoint: &str) -> Client {
+/// A client of one member alone (`host:port`), with short timeouts.
+pub(crate) async fn client(endpoint: &str) -> Client {
     let opts = ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(2))
         .with_timeout(Duration::from_secs(5));

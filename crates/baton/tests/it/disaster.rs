@@ -7,21 +7,13 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, ConnectOptions, GetOptions};
+use etcd_client::GetOptions;
 
+use crate::cluster::client;
 use crate::common::{free_port_below_ephemeral, Baton, Cluster};
 use crate::membership::{
     agreed_leader, all_started, ctl_ok, member_add, member_list, start_joiner, status,
 };
-
-async fn client(endpoint: &str) -> Client {
-    let opts = ConnectOptions::new()
-        .with_connect_timeout(Duration::from_secs(2))
-        .with_timeout(Duration::from_secs(5));
-    Client::connect([format!("http://{endpoint}")], Some(opts))
-        .await
-        .unwrap_or_else(|e| panic!("connect to {endpoint}: {e}"))
-}
 
 /// Every `k/NNNN` key with its value, by a serializable read of `endpoint` alone.
 async fn keys_on(endpoint: &str) -> Vec<(String, String)> {
