@@ -15,6 +15,13 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+
+/// Client connections proxied at once (each holds two sockets and two copy buffers). At the
+/// bound the gateway stops accepting until one closes: further clients wait in the
+/// listener's backlog (and then get the kernel's refusal) instead of exhausting the
+/// process's descriptors. etcd's gateway has no bound.
+const MAX_CONNECTIONS: usize = 10_000;
 
 /// etcd's gateway (`etcd gateway start`): a TCP proxy to the members' client URLs.
 #[derive(Args, Debug)]
@@ -201,13 +208,21 @@ pub async fn run(args: GatewayArgs) -> Result<()> {
     });
     tracing::info!(endpoints = ?endpoints, "ready to proxy client requests");
     tokio::spawn(proxy.clone().monitor());
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+        };
         tokio::select! {
             accepted = listener.accept() => {
                 match accepted {
                     Ok((client, _)) => {
                         let proxy = proxy.clone();
-                        tokio::spawn(async move { proxy.serve(client).await });
+                        tokio::spawn(async move {
+                            proxy.serve(client).await;
+                            drop(slot);
+                        });
                     }
                     Err(e) => {
                         // Out of descriptors and the like: pause rather than spin.
