@@ -65,7 +65,7 @@ pub use locks::{
 };
 pub use state_machine::{
     HistoryBatch, ImportError, ImportSummary, Importer, LeaseExport, LeaseInfo, LiveRef,
-    SnapshotError, StateMachine, VersionRef,
+    SnapshotError, StateMachine, Tables, VersionRef,
 };
 pub use types::*;
 pub use watch::{WatchCensus, WatchHub, WatchOutput, WatchSpec, WatcherId};

@@ -14,6 +14,7 @@ use crate::command::AlarmType;
 use crate::mvcc::{KeyStore, Live};
 use crate::types::{CommandIndex, LeaseId, Term};
 
+use super::snapshot::Tables;
 use super::store::{LeaseRecord, StateMachine, FIRST_REVISION};
 
 /// Why a backup cannot become a state. Each names what is wrong, for the operator.
@@ -274,6 +275,44 @@ impl Importer {
     }
 }
 
+impl Importer {
+    /// The state of a Baton snapshot split in two (`member/snap/db`): this importer's key
+    /// space (made with [`Importer::compacted_at`] the tables' compact revision) and
+    /// everything else, `tables` ([`crate::StateMachine::tables_snapshot`]). Unlike
+    /// [`Importer::finish`], nothing is repaired: a key naming a lease the tables do not
+    /// hold, or a version above the tables' revision, is an inconsistency, since Baton wrote
+    /// both halves from one state. Leases, lock queues and permissions are rebuilt and every
+    /// invariant is checked.
+    pub fn finish_with_tables(
+        mut self,
+        tables: Tables,
+    ) -> Result<(StateMachine, ImportSummary), ImportError> {
+        let compact = tables.compact_revision().max(FIRST_REVISION);
+        if compact < self.compact_revision {
+            return Err(ImportError::Inconsistent(format!(
+                "compact revision {compact} is below the {} the versions were imported for",
+                self.compact_revision
+            )));
+        }
+        if self.last_revision > tables.revision() {
+            return Err(ImportError::Inconsistent(format!(
+                "a version at revision {} is newer than the state's revision {}",
+                self.last_revision,
+                tables.revision()
+            )));
+        }
+        if compact > FIRST_REVISION {
+            self.store.compact(compact);
+        }
+        self.summary.live_keys = self.store.live_keys() as u64;
+        let sm = tables
+            .restore_with(self.store)
+            .map_err(ImportError::Inconsistent)?;
+        self.summary.leases = sm.leases.len() as u64;
+        Ok((sm, self.summary))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -484,6 +523,48 @@ mod tests {
         ));
         assert_eq!(early.hash_kv(0), full.hash_kv(0));
         assert!(summary.compacted_versions > 0);
+    }
+
+    /// A state split as Baton's `member/snap/db` holds it (tables, plus the versions the
+    /// `key` bucket lists) comes back as the same state, byte for byte of its snapshot.
+    #[test]
+    fn tables_and_versions_restore_the_same_state() {
+        let mut sm = sample();
+        sm.apply(&entry(
+            1000,
+            Command::LeaseCheckpoint {
+                checkpoints: vec![(LeaseId(0x77), 12_345)],
+            },
+        ));
+        let tables = Tables::decode(&sm.tables_snapshot()).unwrap();
+        let mut im = Importer::compacted_at(tables.compact_revision());
+        for v in sm.versions_in_revision_order() {
+            im.version(
+                v.key,
+                v.mod_revision,
+                v.live
+                    .map(|l| (l.create_revision, l.version, l.lease, l.value)),
+            )
+            .unwrap();
+        }
+        let (back, summary) = im.finish_with_tables(tables).unwrap();
+        assert_eq!(back.snapshot(), sm.snapshot());
+        assert_eq!(summary.leases, 1);
+        // A key naming a lease the tables lack is refused, not repaired.
+        let mut other = StateMachine::new();
+        other.apply(&entry(1, put("x", "1")));
+        let tables = Tables::decode(&other.tables_snapshot()).unwrap();
+        let mut im = Importer::compacted_at(tables.compact_revision());
+        im.version(b"x", 2, Some((2, 1, 0x99, b"1"))).unwrap();
+        assert!(matches!(
+            im.finish_with_tables(tables),
+            Err(ImportError::Inconsistent(_))
+        ));
+        // and damaged tables are refused
+        let mut bytes = sm.tables_snapshot();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        assert!(Tables::decode(&bytes).is_err());
     }
 
     #[test]

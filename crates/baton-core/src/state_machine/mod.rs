@@ -40,5 +40,5 @@ pub use export::{LeaseExport, LiveRef, VersionRef};
 pub use import::{ImportError, ImportSummary, Importer};
 pub use lease::LeaseInfo;
 pub use read::HistoryBatch;
-pub use snapshot::SnapshotError;
+pub use snapshot::{SnapshotError, Tables};
 pub use store::StateMachine;

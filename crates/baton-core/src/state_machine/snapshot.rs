@@ -391,6 +391,195 @@ impl StateMachine {
     }
 }
 
+/// Format of [`StateMachine::tables_snapshot`], its first byte. Bump it when `TablesBody`
+/// changes shape (and keep reading the old one).
+const TABLES_FORMAT: u8 = 1;
+
+/// A lease without its key set: in a tables snapshot the keys are in the key space the
+/// tables are restored with, and the set is rebuilt from it (a second copy could only
+/// disagree).
+///
+/// Persisted: see [`crate::format`] (fields never reorder).
+#[derive(Serialize, Deserialize)]
+struct LeaseTableRecord {
+    granted_ttl_s: i64,
+    checkpoint_remaining_ms: Option<i64>,
+}
+
+/// Everything of the state but the key space (`keys` and `changes` of `SnapshotBody`), in
+/// `SnapshotBody`'s order. The key space travels separately, as etcd's `key` bucket in
+/// Baton's `member/snap/db`, and comes back through an [`crate::Importer`].
+///
+/// Persisted: see [`crate::format`] (fields never reorder).
+#[derive(Serialize)]
+struct TablesBodyRef<'a> {
+    revision: i64,
+    compact_revision: i64,
+    last_applied: Option<(CommandIndex, Term)>,
+    last_time_ms: u64,
+    leases: BTreeMap<LeaseId, LeaseTableRecord>,
+    locks: &'a BTreeMap<Vec<u8>, LockRecord>,
+    fences: &'a BTreeMap<Vec<u8>, FencingToken>,
+    clients: &'a BTreeMap<u64, ClientSession>,
+    alarms: &'a BTreeSet<(u64, AlarmType)>,
+    auth: &'a AuthState,
+    fencing_keys: &'a FencingKeys,
+}
+
+/// The owned twin of `TablesBodyRef` (same fields, same order).
+///
+/// Persisted: see [`crate::format`] (fields never reorder).
+#[derive(Deserialize)]
+struct TablesBody {
+    revision: i64,
+    compact_revision: i64,
+    last_applied: Option<(CommandIndex, Term)>,
+    last_time_ms: u64,
+    leases: BTreeMap<LeaseId, LeaseTableRecord>,
+    locks: BTreeMap<Vec<u8>, LockRecord>,
+    fences: BTreeMap<Vec<u8>, FencingToken>,
+    clients: BTreeMap<u64, ClientSession>,
+    alarms: BTreeSet<(u64, AlarmType)>,
+    auth: AuthState,
+    fencing_keys: FencingKeys,
+}
+
+/// A decoded [`StateMachine::tables_snapshot`]: the state without its key space, waiting
+/// for one ([`crate::Importer::finish_with_tables`]).
+pub struct Tables(TablesBody);
+
+impl Tables {
+    /// Decodes and verifies (format byte, CRC-32) what `tables_snapshot` wrote.
+    pub fn decode(bytes: &[u8]) -> Result<Tables, SnapshotError> {
+        let err = |m: String| SnapshotError::Decode(m);
+        let (&format, rest) = bytes
+            .split_first()
+            .ok_or_else(|| err("empty tables snapshot".into()))?;
+        if format != TABLES_FORMAT {
+            return Err(err(format!("unknown tables snapshot format {format}")));
+        }
+        if rest.len() < 4 {
+            return Err(err("truncated tables snapshot header".into()));
+        }
+        let (sum, payload) = rest.split_at(4);
+        let sum = u32::from_le_bytes(sum.try_into().expect("4 bytes"));
+        if crc32(payload) != sum {
+            return Err(err("tables snapshot checksum mismatch".into()));
+        }
+        let body: TablesBody = bincode::deserialize(payload).map_err(|e| err(e.to_string()))?;
+        if body.locks.len() > MAX_LOCKS || body.fences.len() > MAX_FENCE_RESOURCES {
+            return Err(err("lock registry or fence table over capacity".into()));
+        }
+        Ok(Tables(body))
+    }
+
+    /// The compact revision of the state: an importer of its key space is made for it
+    /// ([`crate::Importer::compacted_at`]).
+    pub fn compact_revision(&self) -> i64 {
+        self.0.compact_revision
+    }
+
+    /// The state's revision.
+    pub fn revision(&self) -> i64 {
+        self.0.revision
+    }
+
+    /// The state with `store` as its key space: leases learn their keys from it, the lock
+    /// queues are rebuilt from it, and every invariant is checked.
+    pub(super) fn restore_with(self, store: KeyStore) -> Result<StateMachine, String> {
+        let b = self.0;
+        let mut leases: BTreeMap<LeaseId, LeaseRecord> = b
+            .leases
+            .into_iter()
+            .map(|(id, l)| {
+                let record = LeaseRecord {
+                    granted_ttl_s: l.granted_ttl_s,
+                    checkpoint_remaining_ms: l.checkpoint_remaining_ms,
+                    keys: BTreeSet::new(),
+                };
+                (id, record)
+            })
+            .collect();
+        for (key, versions) in store.keys() {
+            let Some(live) = versions.last().and_then(|v| v.live.as_ref()) else {
+                continue;
+            };
+            if live.lease == 0 {
+                continue;
+            }
+            match leases.get_mut(&LeaseId(live.lease)) {
+                Some(l) => {
+                    l.keys.insert(key.to_vec());
+                }
+                None => {
+                    return Err(format!(
+                        "key {:?} names lease {:x}, which the tables do not hold",
+                        String::from_utf8_lossy(key),
+                        live.lease
+                    ))
+                }
+            }
+        }
+        let mut sm = StateMachine {
+            store,
+            leases,
+            locks: LockTable::default(),
+            fences: FenceTable::from_map(b.fences),
+            clients: ClientTable::from_map(b.clients),
+            alarms: b.alarms,
+            perms: PermCache::build(&b.auth),
+            auth: b.auth,
+            fencing_keys: b.fencing_keys,
+            revision: b.revision,
+            compact_revision: b.compact_revision,
+            last_applied: b.last_applied,
+            last_time_ms: b.last_time_ms,
+        };
+        sm.locks = LockTable::from_records(b.locks, |name| sm.scan_queue(name));
+        sm.check_invariants()?;
+        Ok(sm)
+    }
+}
+
+impl StateMachine {
+    /// Everything of the state but its key space, in the format [`Tables::decode`] reads:
+    /// one format byte, the CRC-32 of the body (little endian), the bincode body. The key
+    /// space is written beside it by the caller (Baton's `member/snap/db`: etcd's `key`
+    /// bucket), each version from [`StateMachine::versions_in_revision_order`].
+    pub fn tables_snapshot(&self) -> Vec<u8> {
+        let leases = self
+            .leases
+            .iter()
+            .map(|(id, l)| {
+                let record = LeaseTableRecord {
+                    granted_ttl_s: l.granted_ttl_s,
+                    checkpoint_remaining_ms: l.checkpoint_remaining_ms,
+                };
+                (*id, record)
+            })
+            .collect();
+        let body = TablesBodyRef {
+            revision: self.revision,
+            compact_revision: self.compact_revision,
+            last_applied: self.last_applied,
+            last_time_ms: self.last_time_ms,
+            leases,
+            locks: self.locks.records(),
+            fences: self.fences.map(),
+            clients: self.clients.map(),
+            alarms: &self.alarms,
+            auth: &self.auth,
+            fencing_keys: &self.fencing_keys,
+        };
+        let payload = bincode::serialize(&body).expect("in-memory state always serializes");
+        let mut out = Vec::with_capacity(payload.len() + 5);
+        out.push(TABLES_FORMAT);
+        out.extend_from_slice(&crc32(&payload).to_le_bytes());
+        out.extend_from_slice(&payload);
+        out
+    }
+}
+
 /// A `Write` that only checksums what it is given.
 struct CrcSink(Crc32);
 
