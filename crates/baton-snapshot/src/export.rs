@@ -52,19 +52,62 @@ fn alarm_type(a: AlarmType) -> i32 {
 impl SnapshotSource {
     /// The dry run: where the file ends (its size is `layout.file_bytes()`).
     pub fn plan(&self) -> Result<Layout, baton_bbolt::Error> {
-        let mut w = Writer::plan(DEFAULT_PAGE_SIZE);
-        self.buckets(&mut w)?;
-        Ok(w.finish()?.0)
+        self.plan_with(&[])
     }
 
     /// The bbolt bytes into `out`, for the layout `plan` gave; returns `out`.
     pub fn write<W: Write>(&self, out: W, layout: Layout) -> Result<W, baton_bbolt::Error> {
+        self.write_with(out, layout, &[])
+    }
+
+    /// [`SnapshotSource::plan`] with the `baton` bucket holding `own` (Baton's own
+    /// `member/snap/db`, `own.rs`).
+    pub(crate) fn plan_with(&self, own: &[(&[u8], Vec<u8>)]) -> Result<Layout, baton_bbolt::Error> {
+        let mut w = Writer::plan(DEFAULT_PAGE_SIZE);
+        self.buckets(&mut w, own)?;
+        Ok(w.finish()?.0)
+    }
+
+    /// [`SnapshotSource::write`] with the `baton` bucket holding `own` (empty: no bucket).
+    pub(crate) fn write_with<W: Write>(
+        &self,
+        out: W,
+        layout: Layout,
+        own: &[(&[u8], Vec<u8>)],
+    ) -> Result<W, baton_bbolt::Error> {
         let mut w = Writer::with_layout(out, layout)?;
-        self.buckets(&mut w)?;
+        self.buckets(&mut w, own)?;
         Ok(w.finish()?.1)
     }
 
-    fn buckets<W: Write>(&self, w: &mut Writer<W>) -> Result<(), baton_bbolt::Error> {
+    /// The `key` bucket's entries in order: revision key, `mvccpb.KeyValue` (a tombstone's
+    /// holds only the key).
+    pub(crate) fn key_entries(&self) -> impl Iterator<Item = (Vec<u8>, Vec<u8>)> + '_ {
+        self.state.versions_in_revision_order().map(|v| {
+            let key = layout::rev_key(v.mod_revision, v.sub, v.live.is_none());
+            let kv = match v.live {
+                Some(l) => mvccpb::KeyValue {
+                    key: v.key.to_vec(),
+                    create_revision: l.create_revision,
+                    mod_revision: v.mod_revision,
+                    version: l.version,
+                    value: l.value.to_vec(),
+                    lease: l.lease,
+                },
+                None => mvccpb::KeyValue {
+                    key: v.key.to_vec(),
+                    ..Default::default()
+                },
+            };
+            (key, kv.encode_to_vec())
+        })
+    }
+
+    fn buckets<W: Write>(
+        &self,
+        w: &mut Writer<W>,
+        own: &[(&[u8], Vec<u8>)],
+    ) -> Result<(), baton_bbolt::Error> {
         let sm = &self.state;
 
         let mut alarms: Vec<Vec<u8>> = sm
@@ -131,6 +174,15 @@ impl SnapshotSource {
         });
         bucket(w, layout::AUTH_USERS, users)?;
 
+        // `baton` sorts between `authUsers` and `cluster`: buckets go in name order.
+        if !own.is_empty() {
+            bucket(
+                w,
+                layout::BATON,
+                own.iter().map(|(k, v)| (k.to_vec(), v.clone())),
+            )?;
+        }
+
         bucket(
             w,
             layout::CLUSTER,
@@ -141,23 +193,8 @@ impl SnapshotSource {
         )?;
 
         w.begin_bucket(layout::KEY)?;
-        for v in sm.versions_in_revision_order() {
-            let key = layout::rev_key(v.mod_revision, v.sub, v.live.is_none());
-            let kv = match v.live {
-                Some(l) => mvccpb::KeyValue {
-                    key: v.key.to_vec(),
-                    create_revision: l.create_revision,
-                    mod_revision: v.mod_revision,
-                    version: l.version,
-                    value: l.value.to_vec(),
-                    lease: l.lease,
-                },
-                None => mvccpb::KeyValue {
-                    key: v.key.to_vec(),
-                    ..Default::default()
-                },
-            };
-            w.put(&key, &kv.encode_to_vec())?;
+        for (key, value) in self.key_entries() {
+            w.put(&key, &value)?;
         }
         w.end_bucket()?;
 

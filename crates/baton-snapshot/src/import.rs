@@ -33,6 +33,13 @@ pub enum ReadError {
     ClusterVersion(String),
     #[error(transparent)]
     Import(#[from] ImportError),
+    /// Baton's own `member/snap/db` (`own.rs`): its `baton` bucket is missing or damaged.
+    #[error("Baton's snapshot bucket: {0}")]
+    Own(String),
+    /// Baton's own `member/snap/db`: the `key` bucket does not import and does not match
+    /// the checksum Baton wrote for it (it was changed outside Baton).
+    #[error("the `key` bucket does not match its checksum and does not import: {0}")]
+    KvChecksum(String),
 }
 
 /// What a snapshot said beside its state.
@@ -50,7 +57,7 @@ pub struct ImportInfo {
     pub summary: ImportSummary,
 }
 
-fn entry_err(bucket: &'static str, key: &[u8], why: impl ToString) -> ReadError {
+pub(crate) fn entry_err(bucket: &'static str, key: &[u8], why: impl ToString) -> ReadError {
     ReadError::Entry {
         bucket,
         key: String::from_utf8_lossy(key).into_owned(),
@@ -63,6 +70,7 @@ const KNOWN: &[&[u8]] = &[
     layout::AUTH,
     layout::AUTH_ROLES,
     layout::AUTH_USERS,
+    layout::BATON,
     layout::CLUSTER,
     layout::KEY,
     layout::LEASE,
@@ -132,46 +140,7 @@ pub fn read_state<R: ReadAt>(
     // Known before the versions: history at or below it goes straight into its compacted
     // shape instead of into an index that compaction would drop.
     let mut im = Importer::compacted_at(compact);
-    let mut failed: Option<ReadError> = None;
-    let mut last_main = 1;
-    let mut versions = 0u64;
-    db.for_each(key_bucket, "key", &mut |k, v, _| {
-        let res = (|| {
-            let (main, _, tombstone) =
-                parse_rev_key(k).ok_or_else(|| entry_err("key", k, "not a revision key"))?;
-            let kv = mvccpb::KeyValue::decode(v).map_err(|e| entry_err("key", k, e))?;
-            let live = if tombstone {
-                None
-            } else {
-                if kv.mod_revision != main {
-                    return Err(entry_err(
-                        "key",
-                        k,
-                        format!("its value says mod revision {}", kv.mod_revision),
-                    ));
-                }
-                Some((
-                    kv.create_revision,
-                    kv.version,
-                    kv.lease,
-                    kv.value.as_slice(),
-                ))
-            };
-            im.version(&kv.key, main, live)?;
-            last_main = main;
-            versions += 1;
-            if versions.is_multiple_of(PROGRESS_EVERY) {
-                progress(versions);
-            }
-            Ok(())
-        })();
-        if let Err(e) = res {
-            failed = Some(e);
-            return Err(baton_bbolt::Error::Input("stopped".into()));
-        }
-        Ok(())
-    })
-    .map_err(|e| failed.take().unwrap_or_else(|| ReadError::from(e)))?;
+    let last_main = read_key_bucket(db, key_bucket, &mut im, &mut |_, _| {}, progress)?;
 
     if let Some(b) = get(layout::LEASE) {
         let mut leases = Vec::new();
@@ -219,6 +188,60 @@ pub fn read_state<R: ReadAt>(
     let (sm, summary) = im.finish(last_main, compact, last_applied)?;
     info.summary = summary;
     Ok((sm, info))
+}
+
+/// Feeds the `key` bucket version by version into `im`, each entry also to `seen` (as
+/// read, for a checksum); `progress(versions read)` every 10,000 versions. Returns the newest
+/// main revision read (1 if none).
+pub(crate) fn read_key_bucket<R: ReadAt>(
+    db: &Db<R>,
+    key_bucket: &BucketRef,
+    im: &mut Importer,
+    seen: &mut dyn FnMut(&[u8], &[u8]),
+    progress: &mut dyn FnMut(u64),
+) -> Result<i64, ReadError> {
+    let mut failed: Option<ReadError> = None;
+    let mut last_main = 1;
+    let mut versions = 0u64;
+    db.for_each(key_bucket, "key", &mut |k, v, _| {
+        seen(k, v);
+        let res = (|| {
+            let (main, _, tombstone) =
+                parse_rev_key(k).ok_or_else(|| entry_err("key", k, "not a revision key"))?;
+            let kv = mvccpb::KeyValue::decode(v).map_err(|e| entry_err("key", k, e))?;
+            let live = if tombstone {
+                None
+            } else {
+                if kv.mod_revision != main {
+                    return Err(entry_err(
+                        "key",
+                        k,
+                        format!("its value says mod revision {}", kv.mod_revision),
+                    ));
+                }
+                Some((
+                    kv.create_revision,
+                    kv.version,
+                    kv.lease,
+                    kv.value.as_slice(),
+                ))
+            };
+            im.version(&kv.key, main, live)?;
+            last_main = main;
+            versions += 1;
+            if versions.is_multiple_of(PROGRESS_EVERY) {
+                progress(versions);
+            }
+            Ok(())
+        })();
+        if let Err(e) = res {
+            failed = Some(e);
+            return Err(baton_bbolt::Error::Input("stopped".into()));
+        }
+        Ok(())
+    })
+    .map_err(|e| failed.take().unwrap_or_else(|| ReadError::from(e)))?;
+    Ok(last_main)
 }
 
 fn perm_type(key: &[u8], t: i32) -> Result<PermType, ReadError> {

@@ -6,6 +6,8 @@ pub(crate) const ALARM: &[u8] = b"alarm";
 pub(crate) const AUTH: &[u8] = b"auth";
 pub(crate) const AUTH_ROLES: &[u8] = b"authRoles";
 pub(crate) const AUTH_USERS: &[u8] = b"authUsers";
+/// Baton's own bucket, only in Baton's `member/snap/db` (`own.rs`); etcd ignores it.
+pub(crate) const BATON: &[u8] = b"baton";
 pub(crate) const CLUSTER: &[u8] = b"cluster";
 pub(crate) const KEY: &[u8] = b"key";
 pub(crate) const LEASE: &[u8] = b"lease";

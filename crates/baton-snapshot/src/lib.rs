@@ -28,15 +28,21 @@
 //! is 32). Baton's own tables that etcd has no bucket for (the lock registry, fences,
 //! fencing keys, exactly-once sessions) are not in a snapshot: a restored cluster starts
 //! them empty, as a restored etcd would.
+//!
+//! Baton's own snapshots (`member/snap/db` of a member's data directory, [`OwnSnapshot`],
+//! [`read_own`]) are the same layout without the trailer plus a `baton` bucket carrying
+//! those tables, the Raft position and a SHA-256 of the `key` bucket (see `own.rs`).
 
 mod export;
 mod import;
 mod layout;
+mod own;
 mod status;
 mod trailer;
 
 pub use export::{Member, SnapshotSource};
 pub use import::{read_state, ImportInfo, ReadError};
 pub use layout::CLUSTER_VERSION;
+pub use own::{is_own, read_own, KvChecksum, OwnLoaded, OwnSnapshot, OWN_FORMAT};
 pub use status::{status, Status, StatusError};
 pub use trailer::{verify_trailer, HashingWriter, TrailerError, SHA256_LEN};
