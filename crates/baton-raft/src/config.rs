@@ -56,6 +56,11 @@ pub struct NodeConfig {
     /// etcd's `--force-new-cluster`: restart this member, with its data, as the only voter
     /// of its cluster (`force`). Refused on a member without data.
     pub force_new_cluster: bool,
+    /// The initial corruption check will run before this member serves (etcd's
+    /// `--experimental-initial-corrupt-check`): a `member/snap/db` whose `key` bucket fails
+    /// its checksum is then loaded, with a warning, for that check to compare with the
+    /// other members, instead of being refused (`StartError::SnapshotKvChanged`).
+    pub snapshot_kv_checked_by_peers: bool,
 }
 
 impl NodeConfig {
@@ -77,6 +82,7 @@ impl NodeConfig {
             quota_backend_bytes: Some(space::DEFAULT_QUOTA_BACKEND_BYTES),
             strict_reconfig_check: true,
             force_new_cluster: false,
+            snapshot_kv_checked_by_peers: false,
         }
     }
 }

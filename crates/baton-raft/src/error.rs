@@ -28,6 +28,20 @@ pub enum StartError {
     },
     #[error("corrupt snapshot {path}: {reason}")]
     CorruptSnapshot { path: PathBuf, reason: String },
+    /// The `key` bucket of this member's `member/snap/db` is not what Baton wrote (its
+    /// SHA-256 differs): bbolt has no checksums of its own, so this is the only evidence of
+    /// an edit or damage, and serving it would answer from a key space no other member has.
+    /// Refused unless the initial corruption check is on to compare it with the peers
+    /// (`NodeConfig::snapshot_kv_checked_by_peers`).
+    #[error(
+        "{path}: the `key` bucket does not match the checksum Baton wrote with it (was the \
+         file changed outside Baton?), so this member refuses to serve it ({detail}); either \
+         start with --experimental-initial-corrupt-check to compare this member's key space \
+         with the other members' (it refuses to start on a difference), or remove this \
+         member's data directory and add the member back (`member remove`, `member add`) to \
+         copy the state from the others"
+    )]
+    SnapshotKvChanged { path: PathBuf, detail: String },
     /// The log was written in a newer format than this binary reads (`wal/record.rs`: format
     /// versions): it is refused rather than misread. Run the newer Baton that wrote it.
     #[error(

@@ -92,6 +92,25 @@ impl Node {
         res
     }
 
+    /// The `member/snap/db` this member started from although its `key` bucket failed its
+    /// checksum (accepted only with `NodeConfig::snapshot_kv_checked_by_peers`): the caller's
+    /// initial corruption check is what decides whether serving it is sound.
+    pub fn snapshot_kv_changed(&self) -> Option<&std::path::Path> {
+        self.parts.replica.shared.kv_changed_at_start.as_deref()
+    }
+
+    /// Lets a member that started from a changed `key` bucket
+    /// ([`Node::snapshot_kv_changed`]) write snapshots again, once the initial corruption
+    /// check found no member with a different key space. Until then it writes none, so
+    /// the changed key space does not get a fresh, valid checksum unchecked.
+    pub fn release_snapshots(&self) {
+        self.parts
+            .replica
+            .shared
+            .snapshots_held
+            .store(false, std::sync::atomic::Ordering::Release);
+    }
+
     /// Runs `f` on the applied state (a read lock; keep `f` short).
     pub fn read<R>(&self, f: impl FnOnce(&StateMachine) -> R) -> R {
         f(&self.parts.replica.shared.state.read().sm)

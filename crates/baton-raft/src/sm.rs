@@ -64,7 +64,17 @@ pub(crate) struct Shared {
     pub(crate) deletions: Arc<Mutex<DeletionWatches>>,
     pub(crate) leases: Mutex<LeaseClock>,
     pub(crate) revision_tx: watch::Sender<Revision>,
+    /// Older Batons' `.snap` files (removed once a `db` is written).
     snap_dir: PathBuf,
+    /// `member/snap/db`: where snapshots are written.
+    db_path: PathBuf,
+    /// The `member/snap/db` loaded at start whose `key` bucket failed its checksum, accepted
+    /// for the initial corruption check (`NodeConfig::snapshot_kv_checked_by_peers`).
+    pub(crate) kv_changed_at_start: Option<PathBuf>,
+    /// While set, this member writes no snapshot of its own: it started from a changed
+    /// `key` bucket, and a new snapshot would give that key space a fresh, valid checksum
+    /// before the initial corruption check has compared it (`Node::release_snapshots`).
+    pub(crate) snapshots_held: AtomicBool,
     /// The snapshot on disk (meta, path); serializes snapshot writes.
     current_snapshot: Mutex<Option<(SnapshotMeta, PathBuf)>>,
     pub(crate) snapshot_bytes: AtomicU64,
@@ -82,6 +92,7 @@ impl Shared {
         state: AppliedState,
         hub: WatchHub,
         snap_dir: PathBuf,
+        db_path: PathBuf,
         current_snapshot: Option<CurrentSnapshot>,
         space: Space,
     ) -> Self {
@@ -94,6 +105,9 @@ impl Shared {
             leases: Mutex::new(LeaseClock::default()),
             revision_tx,
             snap_dir,
+            db_path,
+            kv_changed_at_start: None,
+            snapshots_held: AtomicBool::new(false),
             current_snapshot: Mutex::new(current_snapshot.map(|(m, p, _)| (m, p))),
             snapshot_bytes: AtomicU64::new(bytes),
             snapshot_seq: AtomicU64::new(0),
@@ -221,15 +235,16 @@ impl Shared {
         self.snapshots_closed.store(true, Ordering::Release);
     }
 
-    /// Writes a snapshot file unless a newer one is already on disk.
-    fn persist_snapshot(&self, meta: &SnapshotMeta, body: &[u8]) -> std::io::Result<()> {
+    /// Writes a snapshot file (`member/snap/db`) unless a newer one is already on disk.
+    /// Returns its size (0: not written, a newer one stands).
+    fn persist_snapshot(&self, meta: &SnapshotMeta, state: &StateMachine) -> std::io::Result<u64> {
         let mut cur = self.current_snapshot.lock();
         if self.snapshots_closed.load(Ordering::Acquire) {
             return Err(std::io::Error::other("shutting down: snapshot not written"));
         }
         if let Some((m, _)) = cur.as_ref() {
             if m.last_log_id >= meta.last_log_id {
-                return Ok(());
+                return Ok(0);
             }
         }
         // Baton's counterpart of etcd's backend commit (`etcd_disk_backend_commit_duration_seconds`):
@@ -238,12 +253,12 @@ impl Shared {
         // whole, as this file (written, fsynced, renamed).
         #[allow(clippy::disallowed_methods)] // A duration to report, not a deadline.
         let started = std::time::Instant::now();
-        let (path, size) = snapshot::write(&self.snap_dir, meta, body)?;
+        let size = snapshot::write_db(&self.db_path, &self.snap_dir, meta, state)?;
         metrics::histogram!("etcd_disk_backend_commit_duration_seconds")
             .record(started.elapsed().as_secs_f64());
-        *cur = Some((meta.clone(), path));
+        *cur = Some((meta.clone(), self.db_path.clone()));
         self.snapshot_bytes.store(size, Ordering::Relaxed);
-        Ok(())
+        Ok(size)
     }
 }
 
@@ -278,6 +293,20 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapBuilder {
         // small tables (leases, locks, fences, sessions) are copied.
         // Not even started without room for it: on a full disk openraft asks again after
         // every apply, and copying and encoding the state each time would be for nothing.
+        if self.shared.snapshots_held.load(Ordering::Acquire) {
+            // openraft asks again later; it purges nothing meanwhile.
+            let meta = self
+                .shared
+                .current_snapshot
+                .lock()
+                .as_ref()
+                .map(|(m, _)| m.clone())
+                .unwrap_or_default();
+            return Ok(Snapshot {
+                meta,
+                snapshot: Box::new(Cursor::new(Vec::new())),
+            });
+        }
         if !self.shared.snapshot_fits() {
             return Ok(self
                 .shared
@@ -302,19 +331,19 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapBuilder {
         let locked = started.elapsed();
         let shared = self.shared.clone();
         let m = meta.clone();
-        let (res, bytes) = tokio::task::spawn_blocking(move || {
-            let body = sm.snapshot();
+        let res = tokio::task::spawn_blocking(move || {
+            let res = shared.persist_snapshot(&m, &sm);
             drop(sm);
-            let res = shared.persist_snapshot(&m, &body);
-            let bytes = body.len();
-            drop(body);
             release_freed_memory();
-            (res, bytes)
+            res
         })
         .await
         .map_err(|e| sm_err(format!("snapshot writer panicked: {e}")))?;
-        match res {
-            Ok(()) => self.shared.space.set_snapshot_blocked(false),
+        let bytes = match res {
+            Ok(bytes) => {
+                self.shared.space.set_snapshot_blocked(false);
+                bytes
+            }
             // The partial file is gone (`files::write_atomic`); the old snapshot still
             // stands and the log behind it is kept.
             Err(e) if space::is_enospc(&e) => {
@@ -328,7 +357,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapBuilder {
                     AnyError::new(&e),
                 )))
             }
-        }
+        };
         tracing::info!(
             last_log_id = ?meta.last_log_id,
             bytes,
@@ -455,7 +484,7 @@ impl RaftStateMachine<TypeConfig> for StateStore {
                 AnyError::error(msg),
             ))
         };
-        let loaded = tokio::task::spawn_blocking(move || snapshot::read(&path))
+        let loaded = tokio::task::spawn_blocking(move || snapshot::read_for_sending(&path))
             .await
             .map_err(|e| read_err(format!("snapshot reader panicked: {e}")))?
             .map_err(|e| read_err(e.to_string()))?
@@ -477,24 +506,27 @@ impl StateStore {
         let body = snapshot.into_inner();
         let sm = StateMachine::restore(&body)
             .map_err(|e| sm_err(format!("received snapshot does not restore: {e}")))?;
+        let bytes = body.len();
+        drop(body);
         // On a full disk the leader's snapshot is retried until it is written (the state
         // machine worker waits; the core and replication stay alive): installing it only in
-        // memory would let openraft purge a log that no file on disk replaces.
-        let body = Arc::new(body);
+        // memory would let openraft purge a log that no file on disk replaces. Written as
+        // this member's `member/snap/db` (the payload stays Baton's own encoding).
         let mut backoff = INSTALL_RETRY_MIN;
         loop {
             let shared = self.shared.clone();
             let m = meta.clone();
-            let b = body.clone();
-            let res = tokio::task::spawn_blocking(move || shared.persist_snapshot(&m, &b))
+            // O(1) for the key store (a persistent B-tree); the small tables are copied.
+            let copy = sm.clone();
+            let res = tokio::task::spawn_blocking(move || shared.persist_snapshot(&m, &copy))
                 .await
                 .map_err(|e| sm_err(format!("snapshot writer panicked: {e}")))?;
             match res {
-                Ok(()) => break,
+                Ok(_) => break,
                 Err(e) if space::is_enospc(&e) => {
                     self.shared.space.set_snapshot_blocked(true);
                     if self.shared.space.snapshot_log.allow() {
-                        tracing::warn!(error = %e, bytes = body.len(), "no room for the leader's snapshot; retrying until space is freed");
+                        tracing::warn!(error = %e, bytes, "no room for the leader's snapshot; retrying until space is freed");
                     }
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(INSTALL_RETRY_MAX);

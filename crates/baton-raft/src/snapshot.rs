@@ -1,6 +1,14 @@
-//! Snapshot files: `data_dir/snap/<term>-<index>.snap`, one at a time.
+//! Snapshot files, one at a time: `data_dir/member/snap/db` (written now) or, as older
+//! Batons wrote them (still read), `data_dir/snap/<term>-<index>.snap`.
 //!
-//! Layout: `[magic 8]["header length" u32 LE][crc32 of header u32 LE][header][body]`, where the
+//! `member/snap/db` is etcd 3.4's backend layout plus a `baton` bucket
+//! (`baton_snapshot::OwnSnapshot`): the key space is etcd's `key` bucket and is loaded from
+//! it, the rest of the state and the Raft meta ([`DbMeta`]) are in the `baton` bucket. A
+//! `member/snap/db` without that bucket is etcd's (`etcdctl snapshot restore`, imported once
+//! by `baton serve`) and is not a snapshot of this member. At start the newer of the two
+//! kinds (by last log id) is the state; writing a `db` removes every `.snap`.
+//!
+//! The `.snap` layout: `[magic 8]["header length" u32 LE][crc32 of header u32 LE][header][body]`, where the
 //! header (bincode) carries the format version, openraft's snapshot meta (last log id,
 //! membership, id) and the body's length and CRC, and the body is
 //! `baton_core::StateMachine::snapshot()`. Written to a temporary file, fsynced, renamed and
@@ -10,6 +18,9 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use baton_bbolt::Db;
+use baton_core::StateMachine;
+use baton_snapshot::{KvChecksum, OwnSnapshot, SnapshotSource};
 use serde::{Deserialize, Serialize};
 
 use crate::files;
@@ -115,6 +126,9 @@ pub(crate) fn decode(mut bytes: Vec<u8>) -> Result<Loaded, String> {
 }
 
 /// Writes a snapshot durably and deletes every other snapshot file. Returns its path and size.
+/// Tests only: snapshots are written as `member/snap/db` now; this writes the `.snap` files
+/// older data directories hold, which are still read.
+#[cfg(test)]
 pub(crate) fn write(dir: &Path, meta: &SnapshotMeta, body: &[u8]) -> io::Result<(PathBuf, u64)> {
     let path = dir.join(file_name(meta));
     // Header and body written one after the other: the body is the whole state, and a
@@ -220,6 +234,261 @@ pub(crate) fn load_newest(dir: &Path) -> Result<Option<(PathBuf, Loaded, u64)>, 
         reason,
     })?;
     Ok(Some((path, loaded, size)))
+}
+
+/// Where this member's snapshot in etcd's layout lives, as etcd's backend does.
+pub(crate) fn db_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("member").join("snap").join("db")
+}
+
+/// Version 1: the first.
+const DB_META_VERSION: u32 = 1;
+
+/// The Raft meta of a `member/snap/db` (the `baton` bucket's `raft` record; what the header
+/// of a `.snap` holds).
+///
+/// Persisted: see `baton_core::format` (fields never reorder); pinned in `golden.rs`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct DbMeta {
+    pub(crate) version: u32,
+    pub(crate) meta: SnapshotMeta,
+}
+
+pub(crate) fn encode_db_meta(meta: &SnapshotMeta) -> Vec<u8> {
+    let m = DbMeta {
+        version: DB_META_VERSION,
+        meta: meta.clone(),
+    };
+    bincode::serialize(&m).expect("snapshot metas serialize")
+}
+
+pub(crate) fn decode_db_meta(bytes: &[u8]) -> Result<SnapshotMeta, String> {
+    let m: DbMeta =
+        bincode::deserialize(bytes).map_err(|e| format!("undecodable Raft meta: {e}"))?;
+    if m.version != DB_META_VERSION {
+        return Err(format!("unsupported Raft meta version {}", m.version));
+    }
+    Ok(m.meta)
+}
+
+/// The members of `meta`'s membership, for the `members` bucket (read by etcd's tools
+/// only).
+fn members(meta: &SnapshotMeta) -> Vec<baton_snapshot::Member> {
+    let m = meta.last_membership.membership();
+    let voters: std::collections::BTreeSet<u64> = m.voter_ids().collect();
+    m.nodes()
+        .map(|(id, node)| baton_snapshot::Member {
+            id: *id,
+            name: node.name.clone(),
+            peer_urls: node.peer_urls.clone(),
+            client_urls: node.client_urls.clone(),
+            is_learner: !voters.contains(id),
+        })
+        .collect()
+}
+
+/// Writes `state` (at `meta`) durably as `db` (`member/snap/db`: temporary file, fsync,
+/// rename, directory fsync) and then deletes every `.snap` in `snap_dir`. Returns the size.
+pub(crate) fn write_db(
+    db: &Path,
+    snap_dir: &Path,
+    meta: &SnapshotMeta,
+    state: &StateMachine,
+) -> io::Result<u64> {
+    let dir = db.parent().expect("member/snap/db has a parent");
+    if !dir.exists() {
+        fs::create_dir_all(dir)?;
+        // The new directories themselves must survive a crash, up to the data directory.
+        let member = dir.parent().expect("member/snap has a parent");
+        files::fsync_dir(member)?;
+        files::fsync_dir(member.parent().unwrap_or(Path::new(".")))?;
+    }
+    let source = SnapshotSource {
+        state: state.clone(),
+        consistent_index: meta.last_log_id.map_or(0, |l| l.index),
+        members: members(meta),
+    };
+    let own = OwnSnapshot::new(source, &encode_db_meta(meta));
+    let layout = own.plan()?;
+    files::write_atomic_with(db, &mut |w| {
+        own.write(&mut *w, layout)?;
+        Ok(())
+    })?;
+    remove_snap_files(snap_dir)?;
+    Ok(layout.file_bytes())
+}
+
+/// Deletes every `.snap` file in `dir` (a `member/snap/db` now supersedes them).
+fn remove_snap_files(dir: &Path) -> io::Result<()> {
+    let mut removed = false;
+    for ent in fs::read_dir(dir)? {
+        let ent = ent?;
+        if ent.file_name().to_string_lossy().ends_with(".snap") {
+            fs::remove_file(ent.path())?;
+            removed = true;
+        }
+    }
+    if removed {
+        files::fsync_dir(dir)?;
+    }
+    Ok(())
+}
+
+/// A `member/snap/db` read back: `None` if there is none or it is etcd's (no `baton`
+/// bucket).
+pub(crate) struct LoadedDb {
+    pub(crate) meta: SnapshotMeta,
+    pub(crate) state: StateMachine,
+    pub(crate) size: u64,
+    pub(crate) kv_checksum: KvChecksum,
+}
+
+/// Why a `member/snap/db` could not be read.
+pub(crate) enum DbError {
+    Io(io::Error),
+    /// Damaged or not decodable.
+    Corrupt(String),
+    /// The `key` bucket fails its checksum and does not even import.
+    KvChanged(String),
+}
+
+pub(crate) fn read_db(path: &Path) -> Result<Option<LoadedDb>, DbError> {
+    let file = match fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(DbError::Io(e)),
+    };
+    let db = Db::open(file).map_err(|e| DbError::Corrupt(e.to_string()))?;
+    if !baton_snapshot::is_own(&db).map_err(|e| DbError::Corrupt(e.to_string()))? {
+        return Ok(None);
+    }
+    let loaded = baton_snapshot::read_own(&db, &mut |_| {}).map_err(|e| match e {
+        baton_snapshot::ReadError::KvChecksum(why) => DbError::KvChanged(why),
+        other => DbError::Corrupt(other.to_string()),
+    })?;
+    let meta = decode_db_meta(&loaded.raft).map_err(DbError::Corrupt)?;
+    Ok(Some(LoadedDb {
+        meta,
+        state: loaded.state,
+        size: db.size(),
+        kv_checksum: loaded.kv_checksum,
+    }))
+}
+
+/// The snapshot at `path` as openraft sends it to a follower: its meta and Baton's own
+/// encoding of the state (`StateMachine::snapshot`). A `db` whose `key` bucket fails its
+/// checksum is not sent: a changed key space must not spread to other members.
+pub(crate) fn read_for_sending(path: &Path) -> io::Result<Result<Loaded, String>> {
+    if path.extension().is_some_and(|e| e == "snap") {
+        return read(path);
+    }
+    match read_db(path) {
+        Ok(Some(db)) => match db.kv_checksum {
+            KvChecksum::Matches => Ok(Ok(Loaded {
+                meta: db.meta,
+                body: db.state.snapshot(),
+            })),
+            KvChecksum::Mismatch { .. } => Ok(Err(format!(
+                "{}: the `key` bucket does not match its checksum; not sent",
+                path.display()
+            ))),
+        },
+        Ok(None) => Ok(Err(format!("{}: not Baton's snapshot", path.display()))),
+        Err(DbError::Io(e)) => Err(e),
+        Err(DbError::Corrupt(why) | DbError::KvChanged(why)) => Ok(Err(why)),
+    }
+}
+
+/// The newest snapshot of a data directory, restored.
+pub(crate) struct Newest {
+    pub(crate) path: PathBuf,
+    pub(crate) meta: SnapshotMeta,
+    pub(crate) state: StateMachine,
+    pub(crate) size: u64,
+    /// `member/snap/db`'s `key` bucket failed its checksum (the caller decides).
+    pub(crate) kv_changed: Option<String>,
+}
+
+/// The newest of `snap_dir`'s `.snap` files and `db` (Baton's own only), by last log id,
+/// verified and restored; leftovers of interrupted writes are removed.
+pub(crate) fn load_newest_state(snap_dir: &Path, db: &Path) -> Result<Option<Newest>, StartError> {
+    let tmp = files::tmp_path(db);
+    if tmp.exists() {
+        fs::remove_file(&tmp).map_err(|source| StartError::Io {
+            path: tmp.clone(),
+            source,
+        })?;
+    }
+    let corrupt = |path: &Path, reason: String| StartError::CorruptSnapshot {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let from_db = match read_db(db) {
+        Ok(d) => d,
+        Err(DbError::Io(source)) => {
+            return Err(StartError::Io {
+                path: db.to_path_buf(),
+                source,
+            })
+        }
+        Err(DbError::Corrupt(reason)) => return Err(corrupt(db, reason)),
+        Err(DbError::KvChanged(detail)) => {
+            return Err(StartError::SnapshotKvChanged {
+                path: db.to_path_buf(),
+                detail,
+            })
+        }
+    };
+    let newest_snap = newest_snap_name(snap_dir)?;
+    if let Some(d) = from_db {
+        let db_key = sort_key(&d.meta);
+        if newest_snap.as_ref().is_none_or(|(k, _)| *k <= db_key) {
+            let kv_changed = match d.kv_checksum {
+                KvChecksum::Matches => None,
+                KvChecksum::Mismatch { stored, computed } => {
+                    Some(format!("stored SHA-256 {stored}, computed {computed}"))
+                }
+            };
+            return Ok(Some(Newest {
+                path: db.to_path_buf(),
+                meta: d.meta,
+                state: d.state,
+                size: d.size,
+                kv_changed,
+            }));
+        }
+    }
+    let Some((path, loaded, size)) = load_newest(snap_dir)? else {
+        return Ok(None);
+    };
+    let state = StateMachine::restore(&loaded.body).map_err(|e| corrupt(&path, e.to_string()))?;
+    Ok(Some(Newest {
+        path,
+        meta: loaded.meta,
+        state,
+        size,
+        kv_changed: None,
+    }))
+}
+
+/// The `(index, term)` and path of the newest `.snap` in `dir`, by name.
+fn newest_snap_name(dir: &Path) -> Result<Option<((u64, u64), PathBuf)>, StartError> {
+    let io_err = |source| StartError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let mut newest: Option<((u64, u64), PathBuf)> = None;
+    for ent in fs::read_dir(dir).map_err(io_err)? {
+        let ent = ent.map_err(io_err)?;
+        let name = ent.file_name().to_string_lossy().into_owned();
+        let Some(key) = parse_name(&name) else {
+            continue;
+        };
+        if newest.as_ref().is_none_or(|(k, _)| key > *k) {
+            newest = Some((key, ent.path()));
+        }
+    }
+    Ok(newest)
 }
 
 #[cfg(test)]

@@ -59,7 +59,8 @@ impl Node {
             return Err(StartError::ForceNewClusterWithoutData);
         }
         let dir = DataDir::open(&config.data_dir)?;
-        let (state, current_snapshot) = load_state(&dir.snap)?;
+        let (state, current_snapshot, kv_changed) =
+            load_state(&dir, config.snapshot_kv_checked_by_peers)?;
         let recovered = wal::recover(&dir.raft)?;
         let pristine = recovered.mem.is_pristine() && current_snapshot.is_none();
         if config.force_new_cluster && pristine {
@@ -85,7 +86,7 @@ impl Node {
         let applied = state.last_applied.map(|l| l.index);
         if purged > applied {
             return Err(StartError::CorruptSnapshot {
-                path: dir.snap,
+                path: dir.snap.clone(),
                 reason: format!(
                     "log purged through {purged:?} but the newest snapshot covers only {applied:?}"
                 ),
@@ -100,7 +101,17 @@ impl Node {
             config.quota_backend_bytes,
             config.env.disk.is_none(),
         );
-        let shared = Arc::new(Shared::new(state, hub, dir.snap, current_snapshot, space));
+        let mut shared = Shared::new(
+            state,
+            hub,
+            dir.snap.clone(),
+            dir.db.clone(),
+            current_snapshot,
+            space,
+        );
+        shared.snapshots_held = AtomicBool::new(kv_changed.is_some());
+        shared.kv_changed_at_start = kv_changed;
+        let shared = Arc::new(shared);
         let (mut log_store, wal) = wal::open(&dir.raft, recovered, config.env.disk.clone())?;
         if config.force_new_cluster {
             let own = Member {
@@ -210,7 +221,10 @@ impl Node {
 /// The data directory's layout, created if missing, and its advisory lock taken.
 struct DataDir {
     raft: PathBuf,
+    /// Older Batons' snapshots (`<term>-<index>.snap`), still read.
     snap: PathBuf,
+    /// The snapshot in etcd's layout, `member/snap/db` (its directory made on first write).
+    db: PathBuf,
     lock: fs::File,
 }
 
@@ -238,27 +252,59 @@ impl DataDir {
             }
             Err(fs::TryLockError::Error(e)) => return Err(io_error(&lock_path)(e)),
         }
-        Ok(DataDir { raft, snap, lock })
+        let db = snapshot::db_path(data_dir);
+        Ok(DataDir {
+            raft,
+            snap,
+            db,
+            lock,
+        })
     }
 }
 
-/// The applied state to start from: the newest snapshot, or an empty store.
-fn load_state(snap_dir: &Path) -> Result<(AppliedState, Option<CurrentSnapshot>), StartError> {
-    let Some((path, loaded, size)) = snapshot::load_newest(snap_dir)? else {
+/// The applied state to start from: the newest snapshot (`member/snap/db` or an older
+/// Baton's `snap/*.snap`), or an empty store. A `db` whose `key` bucket fails its checksum is
+/// refused unless `kv_checked_by_peers` (then it is loaded, loudly, and its path returned
+/// for the initial corruption check to settle).
+fn load_state(
+    dir: &DataDir,
+    kv_checked_by_peers: bool,
+) -> Result<(AppliedState, Option<CurrentSnapshot>, Option<PathBuf>), StartError> {
+    let Some(newest) = snapshot::load_newest_state(&dir.snap, &dir.db)? else {
         let state = AppliedState {
             sm: StateMachine::new(),
             last_applied: None,
             membership: Default::default(),
             tally: Default::default(),
         };
-        return Ok((state, None));
+        return Ok((state, None, None));
     };
+    let path = newest.path;
     let corrupt = |reason: String| StartError::CorruptSnapshot {
         path: path.clone(),
         reason,
     };
-    let sm = StateMachine::restore(&loaded.body).map_err(|e| corrupt(e.to_string()))?;
-    let Some(last) = loaded.meta.last_log_id else {
+    let kv_changed = match newest.kv_changed {
+        None => None,
+        Some(detail) if !kv_checked_by_peers => {
+            return Err(StartError::SnapshotKvChanged {
+                path: path.clone(),
+                detail,
+            })
+        }
+        Some(detail) => {
+            tracing::error!(
+                path = %path.display(),
+                %detail,
+                "the snapshot's `key` bucket does not match the checksum Baton wrote with it \
+                 (changed outside Baton?); loaded only for the initial corruption check to \
+                 compare with the other members"
+            );
+            Some(path.clone())
+        }
+    };
+    let sm = newest.state;
+    let Some(last) = newest.meta.last_log_id else {
         return Err(corrupt("snapshot without a last log id".into()));
     };
     // Every Raft entry applies at least one command, so the terms must agree (the indexes
@@ -272,10 +318,10 @@ fn load_state(snap_dir: &Path) -> Result<(AppliedState, Option<CurrentSnapshot>)
     let state = AppliedState {
         sm,
         last_applied: Some(last),
-        membership: loaded.meta.last_membership.clone(),
+        membership: newest.meta.last_membership.clone(),
         tally: Default::default(),
     };
-    Ok((state, Some((loaded.meta, path, size))))
+    Ok((state, Some((newest.meta, path, newest.size)), kv_changed))
 }
 
 /// This member's identity: joined from the cluster (`existing`, empty directory), else read

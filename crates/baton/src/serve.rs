@@ -497,6 +497,7 @@ pub async fn serve(args: ServeArgs, warnings: Vec<String>) -> Result<()> {
     node_config.env.transport = peer_listen.transport;
     node_config.strict_reconfig_check = args.strict_reconfig_check;
     node_config.force_new_cluster = args.force_new_cluster;
+    node_config.snapshot_kv_checked_by_peers = args.experimental_initial_corrupt_check;
 
     crate::etcd_datadir::adopt(
         &args.data_dir,
@@ -512,6 +513,18 @@ pub async fn serve(args: ServeArgs, warnings: Vec<String>) -> Result<()> {
         if let Err(e) = crate::corrupt_check::initial(&node, client_tls_for_peers(&args)).await {
             node.shutdown().await;
             return Err(e);
+        }
+        if let Some(path) = node.snapshot_kv_changed() {
+            // No member had a different hash (or none could be asked): serving on, as etcd
+            // would, but the file's checksum says it was changed outside Baton.
+            tracing::warn!(
+                path = %path.display(),
+                "SERVING A SNAPSHOT WHOSE `key` BUCKET FAILED ITS CHECKSUM: the initial \
+                 corruption check found no member with a different key space, but the file \
+                 was changed after Baton wrote it; compare the members (`etcdctl endpoint \
+                 hashkv --cluster`) or re-add this member from the others"
+            );
+            node.release_snapshots();
         }
     }
 
