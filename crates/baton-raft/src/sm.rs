@@ -484,11 +484,13 @@ impl RaftStateMachine<TypeConfig> for StateStore {
                 AnyError::error(msg),
             ))
         };
-        let loaded = tokio::task::spawn_blocking(move || snapshot::read_for_sending(&path))
-            .await
-            .map_err(|e| read_err(format!("snapshot reader panicked: {e}")))?
-            .map_err(|e| read_err(e.to_string()))?
-            .map_err(read_err)?;
+        let accept_changed = self.shared.kv_changed_at_start.as_ref() == Some(&path);
+        let loaded =
+            tokio::task::spawn_blocking(move || snapshot::read_for_sending(&path, accept_changed))
+                .await
+                .map_err(|e| read_err(format!("snapshot reader panicked: {e}")))?
+                .map_err(|e| read_err(e.to_string()))?
+                .map_err(read_err)?;
         Ok(Some(Snapshot {
             meta: loaded.meta,
             snapshot: Box::new(Cursor::new(loaded.body)),

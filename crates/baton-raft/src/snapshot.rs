@@ -377,14 +377,24 @@ pub(crate) fn read_db(path: &Path) -> Result<Option<LoadedDb>, DbError> {
 
 /// The snapshot at `path` as openraft sends it to a follower: its meta and Baton's own
 /// encoding of the state (`StateMachine::snapshot`). A `db` whose `key` bucket fails its
-/// checksum is not sent: a changed key space must not spread to other members.
-pub(crate) fn read_for_sending(path: &Path) -> io::Result<Result<Loaded, String>> {
+/// checksum is not sent (a changed key space must not spread to other members) unless
+/// `accept_changed`: it is the one this member started from for the initial corruption
+/// check (openraft reads its current snapshot when it starts, before that check runs; on a
+/// difference the member exits before it has served anything).
+pub(crate) fn read_for_sending(
+    path: &Path,
+    accept_changed: bool,
+) -> io::Result<Result<Loaded, String>> {
     if path.extension().is_some_and(|e| e == "snap") {
         return read(path);
     }
     match read_db(path) {
         Ok(Some(db)) => match db.kv_checksum {
             KvChecksum::Matches => Ok(Ok(Loaded {
+                meta: db.meta,
+                body: db.state.snapshot(),
+            })),
+            KvChecksum::Mismatch { .. } if accept_changed => Ok(Ok(Loaded {
                 meta: db.meta,
                 body: db.state.snapshot(),
             })),
