@@ -611,4 +611,25 @@ mod tests {
         ));
         assert_no_problems(problems);
     }
+
+    /// The Raft meta of a `member/snap/db` (its `baton` bucket's `raft` record), byte for
+    /// byte; the file decodes back to the same meta.
+    #[test]
+    fn snapshot_db_meta_is_pinned() {
+        let meta = SnapshotMeta {
+            last_log_id: Some(log_id(4, 30)),
+            last_membership: StoredMembership::new(Some(log_id(1, 1)), membership()),
+            snapshot_id: "4-30-1".into(),
+        };
+        let bytes = crate::snapshot::encode_db_meta(&meta);
+        let dir = golden_dir("snapshot_db_meta");
+        let h = header("snapshot_db_meta", "v1", "snapshot::DbMeta", &meta);
+        let mut problems: Vec<String> = compare_file(&dir, "v1", &h, &bytes).into_iter().collect();
+        problems.extend(orphans(&dir, &BTreeSet::from(["v1"])));
+        if let Ok(text) = std::fs::read_to_string(dir.join("v1.hex")) {
+            let golden = parse_golden_text(&text).expect("parses");
+            assert_eq!(crate::snapshot::decode_db_meta(&golden), Ok(meta));
+        }
+        assert_no_problems(problems);
+    }
 }

@@ -452,7 +452,7 @@ pub(crate) fn load_newest_state(snap_dir: &Path, db: &Path) -> Result<Option<New
     let newest_snap = newest_snap_name(snap_dir)?;
     if let Some(d) = from_db {
         let db_key = sort_key(&d.meta);
-        if newest_snap.as_ref().is_none_or(|(k, _)| *k <= db_key) {
+        if newest_snap.is_none_or(|k| k <= db_key) {
             let kv_changed = match d.kv_checksum {
                 KvChecksum::Matches => None,
                 KvChecksum::Mismatch { stored, computed } => {
@@ -481,21 +481,18 @@ pub(crate) fn load_newest_state(snap_dir: &Path, db: &Path) -> Result<Option<New
     }))
 }
 
-/// The `(index, term)` and path of the newest `.snap` in `dir`, by name.
-fn newest_snap_name(dir: &Path) -> Result<Option<((u64, u64), PathBuf)>, StartError> {
+/// The `(index, term)` of the newest `.snap` in `dir`, by name.
+fn newest_snap_name(dir: &Path) -> Result<Option<(u64, u64)>, StartError> {
     let io_err = |source| StartError::Io {
         path: dir.to_path_buf(),
         source,
     };
-    let mut newest: Option<((u64, u64), PathBuf)> = None;
+    let mut newest: Option<(u64, u64)> = None;
     for ent in fs::read_dir(dir).map_err(io_err)? {
         let ent = ent.map_err(io_err)?;
         let name = ent.file_name().to_string_lossy().into_owned();
-        let Some(key) = parse_name(&name) else {
-            continue;
-        };
-        if newest.as_ref().is_none_or(|(k, _)| key > *k) {
-            newest = Some((key, ent.path()));
+        if let Some(key) = parse_name(&name) {
+            newest = newest.max(Some(key));
         }
     }
     Ok(newest)
@@ -543,6 +540,123 @@ mod tests {
         let bytes = fs::read(&path).unwrap();
         assert_eq!(bytes, encode(&meta, &sm.snapshot()));
         assert_eq!(size, bytes.len() as u64);
+    }
+
+    /// A state of `n` puts applied in term 2, and a meta naming it at Raft index `index`.
+    fn state_at(n: u64, index: u64) -> (SnapshotMeta, StateMachine) {
+        let mut sm = StateMachine::new();
+        for i in 0..n {
+            sm.apply(&baton_core::Entry {
+                index: baton_core::CommandIndex(i),
+                term: baton_core::Term(2),
+                time_ms: 1 + i,
+                command: baton_core::Command::Put(baton_core::PutRequest {
+                    key: format!("k{i}").into_bytes(),
+                    value: format!("value-{i:04}").into_bytes(),
+                    ..Default::default()
+                }),
+            });
+        }
+        let meta = SnapshotMeta {
+            last_log_id: Some(crate::golden::log_id(2, index)),
+            last_membership: openraft::StoredMembership::new(
+                Some(crate::golden::log_id(1, 1)),
+                crate::golden::membership(),
+            ),
+            snapshot_id: format!("2-{index}-0"),
+        };
+        (meta, sm)
+    }
+
+    /// A data directory of an older Baton (only `snap/*.snap`) opens from it; the first
+    /// `member/snap/db` written replaces it (the `.snap` is removed) and is what the next
+    /// start loads, the same state; a `.snap` newer than the `db` wins.
+    #[test]
+    fn old_snap_files_open_and_the_newest_kind_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let snap_dir = dir.path().join("snap");
+        fs::create_dir(&snap_dir).unwrap();
+        let db = db_path(dir.path());
+        let (meta, sm) = state_at(3, 5);
+        write(&snap_dir, &meta, &sm.snapshot()).unwrap();
+        let n = load_newest_state(&snap_dir, &db).unwrap().unwrap();
+        assert!(n.path.extension().is_some_and(|e| e == "snap"));
+        assert_eq!(n.state.snapshot(), sm.snapshot());
+        assert_eq!(n.meta, meta);
+
+        let (meta, sm) = state_at(5, 9);
+        let size = write_db(&db, &snap_dir, &meta, &sm).unwrap();
+        assert_eq!(size, fs::metadata(&db).unwrap().len());
+        assert_eq!(
+            fs::read_dir(&snap_dir).unwrap().count(),
+            0,
+            "the .snap is gone"
+        );
+        let n = load_newest_state(&snap_dir, &db).unwrap().unwrap();
+        assert_eq!(n.path, db);
+        assert_eq!(n.meta, meta);
+        assert_eq!(n.state.snapshot(), sm.snapshot());
+        assert_eq!(n.kv_changed, None);
+        // what a follower is sent: Baton's own encoding of the same state
+        let sent = read_for_sending(&db, false).unwrap().unwrap();
+        assert_eq!(sent.body, sm.snapshot());
+        assert_eq!(sent.meta, meta);
+
+        // A .snap newer than the db (not written by this Baton, but possible in a copied
+        // directory) is the newer state.
+        let (newer_meta, newer) = state_at(6, 12);
+        write(&snap_dir, &newer_meta, &newer.snapshot()).unwrap();
+        let n = load_newest_state(&snap_dir, &db).unwrap().unwrap();
+        assert_eq!(n.meta, newer_meta);
+        // A leftover temporary file of an interrupted write is removed.
+        fs::write(files::tmp_path(&db), b"half").unwrap();
+        load_newest_state(&snap_dir, &db).unwrap().unwrap();
+        assert!(!files::tmp_path(&db).exists());
+    }
+
+    /// etcd's `member/snap/db` (no `baton` bucket: `etcdctl snapshot restore`) is not this
+    /// member's snapshot.
+    #[test]
+    fn an_etcd_db_is_not_a_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let snap_dir = dir.path().join("snap");
+        fs::create_dir(&snap_dir).unwrap();
+        let db = db_path(dir.path());
+        fs::create_dir_all(db.parent().unwrap()).unwrap();
+        let (_, sm) = state_at(2, 3);
+        let source = SnapshotSource {
+            state: sm,
+            consistent_index: 3,
+            members: Vec::new(),
+        };
+        let file = source.write(Vec::new(), source.plan().unwrap()).unwrap();
+        fs::write(&db, file).unwrap();
+        assert!(load_newest_state(&snap_dir, &db).unwrap().is_none());
+    }
+
+    /// A value changed in place in the `key` bucket (a valid bbolt file still: bbolt has no
+    /// page checksums) is reported as a changed key space, with the changed state; it is not
+    /// sent to followers unless accepted.
+    #[test]
+    fn a_value_changed_in_the_db_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let snap_dir = dir.path().join("snap");
+        fs::create_dir(&snap_dir).unwrap();
+        let db = db_path(dir.path());
+        let (meta, sm) = state_at(4, 7);
+        write_db(&db, &snap_dir, &meta, &sm).unwrap();
+        let mut bytes = fs::read(&db).unwrap();
+        let at = bytes
+            .windows(10)
+            .position(|w| w == b"value-0002")
+            .expect("the value is in the file");
+        bytes[at..at + 10].copy_from_slice(b"VALUE-0002");
+        fs::write(&db, &bytes).unwrap();
+        let n = load_newest_state(&snap_dir, &db).unwrap().unwrap();
+        assert!(n.kv_changed.is_some());
+        assert_ne!(n.state.hash_kv(0), sm.hash_kv(0));
+        assert!(read_for_sending(&db, false).unwrap().is_err());
+        assert!(read_for_sending(&db, true).unwrap().is_ok());
     }
 
     #[test]
