@@ -267,8 +267,15 @@ async fn snapshots_bound_the_log() {
         "log holds {} bytes",
         dir_bytes(&wal_dir)
     );
+    // Snapshots are `member/snap/db`, one file replaced in place; `snap/` holds only what
+    // older Batons wrote.
     let snaps: Vec<_> = fs::read_dir(tmp.path().join("snap")).unwrap().collect();
-    assert_eq!(snaps.len(), 1, "exactly one snapshot is kept");
+    assert_eq!(snaps.len(), 0, "no .snap is written any more");
+    let snap_dir: Vec<_> = fs::read_dir(tmp.path().join("member/snap"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(snap_dir, ["db"], "exactly one snapshot is kept");
 
     let node = Node::start(cfg).await.unwrap();
     assert_eq!(node.read(|sm| sm.revision()), revision);
@@ -292,27 +299,20 @@ async fn corrupt_snapshot_refuses_start() {
     }
     // Snapshots are built in the background; wait for one to exist.
     let deadline = Instant::now() + Duration::from_secs(5);
-    let snap = loop {
-        let found = fs::read_dir(tmp.path().join("snap"))
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .find(|p| p.extension().is_some_and(|e| e == "snap"));
-        if let Some(p) = found {
-            break p;
-        }
+    let db = tmp.path().join("member/snap/db");
+    while !db.exists() {
         assert!(Instant::now() < deadline, "no snapshot written");
         tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    }
     node.shutdown().await;
-    let snap = fs::read_dir(tmp.path().join("snap"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .next()
-        .unwrap_or(snap);
-    let mut bytes = fs::read(&snap).unwrap();
-    let n = bytes.len();
-    bytes[n - 1] ^= 0x80;
-    fs::write(&snap, &bytes).unwrap();
+    // Damage Baton's own bucket: the name of the key bucket's checksum record.
+    let mut bytes = fs::read(&db).unwrap();
+    let at = bytes
+        .windows(9)
+        .position(|w| w == b"kv_sha256")
+        .expect("the record is in the file");
+    bytes[at + 8] = b'7';
+    fs::write(&db, &bytes).unwrap();
     match Node::start(cfg).await {
         Err(StartError::CorruptSnapshot { .. }) => {}
         Err(e) => panic!("expected CorruptSnapshot, got {e}"),
@@ -606,6 +606,9 @@ async fn fencing_keys_bootstrap_rotate_and_survive_restarts() {
     node.shutdown().await;
     let node = Node::start(cfg).await.unwrap();
     assert_eq!(node.read(|sm| sm.fencing_keys().clone()), rotated);
-    assert!(fs::read_dir(tmp.path().join("snap")).unwrap().count() >= 1);
+    assert!(
+        tmp.path().join("member/snap/db").exists(),
+        "restarted from a snapshot"
+    );
     node.shutdown().await;
 }
