@@ -45,7 +45,8 @@
 //! never resent (it could be applied twice) and fails with [`ProposeError::LeaderFailed`].
 //!
 //! On disk, under `data_dir`: `member.meta` (identity), `raft/vote`, `raft/wal/*.wal`,
-//! `snap/<term>-<index>.snap`.
+//! `member/snap/db` (the snapshot, in etcd's backend layout plus Baton's bucket; `snapshot`),
+//! and in directories of older Batons (or fresh from a restore) `snap/<term>-<index>.snap`.
 
 mod answer;
 mod calls;

@@ -340,4 +340,47 @@ mod tests {
         let db = Db::open(bytes(&own)).unwrap();
         assert!(matches!(read_own(&db, &mut |_| {}), Err(ReadError::Own(_))));
     }
+
+    /// The `baton` bucket of a small state, entry by entry (`len(key) u32 BE, key,
+    /// len(value) u32 BE, value`), byte for byte: its key names, the format, the key space's
+    /// checksum (so the `key` bucket's encoding too) and the framing of `raft` are persisted.
+    /// `BATON_BLESS_NEW=1` writes a missing file, never an existing one.
+    #[test]
+    fn the_baton_bucket_is_pinned() {
+        let sm = state(&[("a", "1"), ("b", "2"), ("a", "3")]);
+        let own = OwnSnapshot::new(source(&sm), b"raft meta");
+        let mut bytes = Vec::new();
+        for (k, v) in &own.bucket {
+            bytes.extend_from_slice(&(k.len() as u32).to_be_bytes());
+            bytes.extend_from_slice(k);
+            bytes.extend_from_slice(&(v.len() as u32).to_be_bytes());
+            bytes.extend_from_slice(v);
+        }
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/golden/own_bucket/small_state.hex");
+        let header = "own_bucket/small_state: the `baton` bucket of own.rs's test state \
+                      [(a,1),(b,2),(a,3)], a lease; raft = \"raft meta\"\n[len u32 BE][key]\
+                      [len u32 BE][value] per entry\nPinned by crates/baton-snapshot/src/own.rs: \
+                      never edit by hand (see baton_core::format).";
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                let golden = baton_core::format::parse_golden_text(&text).expect("parses");
+                assert!(
+                    golden == bytes,
+                    "{}: the `baton` bucket changed; a new format needs OWN_FORMAT bumped and \
+                     the old one still read\n+++ now\n{}",
+                    path.display(),
+                    baton_core::format::golden_text(header, &bytes)
+                );
+            }
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound
+                    && std::env::var_os("BATON_BLESS_NEW").is_some_and(|v| v == "1") =>
+            {
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                std::fs::write(&path, baton_core::format::golden_text(header, &bytes)).unwrap();
+            }
+            Err(e) => panic!("{}: {e} (write it with BATON_BLESS_NEW=1)", path.display()),
+        }
+    }
 }
