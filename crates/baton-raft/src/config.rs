@@ -59,7 +59,9 @@ pub struct NodeConfig {
     /// The initial corruption check will run before this member serves (etcd's
     /// `--experimental-initial-corrupt-check`): a `member/snap/db` whose `key` bucket fails
     /// its checksum is then loaded, with a warning, for that check to compare with the
-    /// other members, instead of being refused (`StartError::SnapshotKvChanged`).
+    /// other members, instead of being refused (`StartError::SnapshotKvChanged`). Such a
+    /// member writes no snapshot of its own until the caller, its check passed, calls
+    /// `Node::release_snapshots` (`Node::snapshot_kv_changed` says whether it applies).
     pub snapshot_kv_checked_by_peers: bool,
 }
 
