@@ -4,7 +4,9 @@
 //! the first start, into Baton's files beside it, for the member and cluster the serve flags
 //! describe — exactly what `baton snapshot restore` would have made — so a runbook that
 //! restores with etcdctl and starts "etcd" works with Baton as the binary (etcd's
-//! `TestIssue6361` does just that). etcd's files are left as they are.
+//! `TestIssue6361` does just that). etcd's files are left as they are, until the member's
+//! first snapshot, which Baton writes at `member/snap/db` as etcd's backend would be (with
+//! its `baton` bucket, so it is never taken for a restore again).
 //!
 //! Only a directory fresh from a restore is taken: its database's consistent index is the
 //! number of members (etcdctl's restore sets it so). A directory etcd has run on has applied
