@@ -484,6 +484,23 @@ impl RaftStateMachine<TypeConfig> for StateStore {
                 AnyError::error(msg),
             ))
         };
+        // Nothing applied since the snapshot was taken or loaded (openraft asks for it when
+        // it starts, for its meta): the state in memory is the snapshot's, and encoding a
+        // copy of it (O(1) for the key store) spares reading the file back and importing
+        // its key space a second time.
+        let unchanged = {
+            let st = self.shared.state.read();
+            (st.last_applied == meta.last_log_id).then(|| st.sm.clone())
+        };
+        if let Some(sm) = unchanged {
+            let body = tokio::task::spawn_blocking(move || sm.snapshot())
+                .await
+                .map_err(|e| read_err(format!("snapshot encoder panicked: {e}")))?;
+            return Ok(Some(Snapshot {
+                meta,
+                snapshot: Box::new(Cursor::new(body)),
+            }));
+        }
         let accept_changed = self.shared.kv_changed_at_start.as_ref() == Some(&path);
         let loaded =
             tokio::task::spawn_blocking(move || snapshot::read_for_sending(&path, accept_changed))
