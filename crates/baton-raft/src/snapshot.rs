@@ -308,14 +308,13 @@ pub(crate) fn write_db(
         consistent_index: meta.last_log_id.map_or(0, |l| l.index),
         members: members(meta),
     };
-    let own = OwnSnapshot::new(source, &encode_db_meta(meta));
-    let layout = own.plan()?;
+    let own = OwnSnapshot::new(source, &encode_db_meta(meta))?;
     files::write_atomic_with(db, &mut |w| {
-        own.write(&mut *w, layout)?;
+        own.write(&mut *w)?;
         Ok(())
     })?;
     remove_snap_files(snap_dir)?;
-    Ok(layout.file_bytes())
+    Ok(own.file_bytes())
 }
 
 /// Deletes every `.snap` file in `dir` (a `member/snap/db` now supersedes them).

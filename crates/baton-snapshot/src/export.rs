@@ -52,7 +52,7 @@ fn alarm_type(a: AlarmType) -> i32 {
 impl SnapshotSource {
     /// The dry run: where the file ends (its size is `layout.file_bytes()`).
     pub fn plan(&self) -> Result<Layout, baton_bbolt::Error> {
-        self.plan_with(&[])
+        self.plan_with(&[], &mut |_, _| {})
     }
 
     /// The bbolt bytes into `out`, for the layout `plan` gave; returns `out`.
@@ -61,10 +61,16 @@ impl SnapshotSource {
     }
 
     /// [`SnapshotSource::plan`] with the `baton` bucket holding `own` (Baton's own
-    /// `member/snap/db`, `own.rs`).
-    pub(crate) fn plan_with(&self, own: &[(&[u8], Vec<u8>)]) -> Result<Layout, baton_bbolt::Error> {
+    /// `member/snap/db`, `own.rs`); every `key` bucket entry is also given to `seen`, as
+    /// planned (the layout depends on the sizes of keys and values only, so `own` may hold
+    /// a placeholder of the right length for a value computed here).
+    pub(crate) fn plan_with(
+        &self,
+        own: &[(&[u8], Vec<u8>)],
+        seen: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> Result<Layout, baton_bbolt::Error> {
         let mut w = Writer::plan(DEFAULT_PAGE_SIZE);
-        self.buckets(&mut w, own)?;
+        self.buckets(&mut w, own, seen)?;
         Ok(w.finish()?.0)
     }
 
@@ -76,7 +82,7 @@ impl SnapshotSource {
         own: &[(&[u8], Vec<u8>)],
     ) -> Result<W, baton_bbolt::Error> {
         let mut w = Writer::with_layout(out, layout)?;
-        self.buckets(&mut w, own)?;
+        self.buckets(&mut w, own, &mut |_, _| {})?;
         Ok(w.finish()?.1)
     }
 
@@ -107,6 +113,7 @@ impl SnapshotSource {
         &self,
         w: &mut Writer<W>,
         own: &[(&[u8], Vec<u8>)],
+        seen: &mut dyn FnMut(&[u8], &[u8]),
     ) -> Result<(), baton_bbolt::Error> {
         let sm = &self.state;
 
@@ -194,6 +201,7 @@ impl SnapshotSource {
 
         w.begin_bucket(layout::KEY)?;
         for (key, value) in self.key_entries() {
+            seen(&key, &value);
             w.put(&key, &value)?;
         }
         w.end_bucket()?;

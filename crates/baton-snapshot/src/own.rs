@@ -58,42 +58,52 @@ impl KvHasher {
     }
 }
 
-/// A Baton snapshot ready to be written as `member/snap/db`: plan, then write (twice over
-/// the same frozen state, as [`SnapshotSource`]).
+/// A Baton snapshot ready to be written as `member/snap/db`: planned when made, written
+/// by [`OwnSnapshot::write`] (both runs over the same frozen state, as [`SnapshotSource`]).
 pub struct OwnSnapshot {
     source: SnapshotSource,
     bucket: Vec<(&'static [u8], Vec<u8>)>,
+    layout: Layout,
 }
+
+/// Where `kv_sha256` is in the bucket (entries in key order).
+const KV_SHA256_AT: usize = 1;
 
 impl OwnSnapshot {
     /// `raft` is the caller's record of where the state is in its log (opaque here; stored
-    /// with a CRC-32C). Hashes the key space once, to put its checksum in the `baton` bucket,
-    /// which precedes the `key` bucket in the file.
-    pub fn new(source: SnapshotSource, raft: &[u8]) -> OwnSnapshot {
-        let mut hasher = KvHasher::default();
-        for (k, v) in source.key_entries() {
-            hasher.entry(&k, &v);
-        }
+    /// with a CRC-32C). The `key` bucket's checksum goes into the `baton` bucket, which
+    /// precedes it in the file: it is computed during the dry run, with a placeholder of its
+    /// length in the plan (the layout depends on sizes only; the real run asserts it ends
+    /// where the plan said), so the key space is encoded twice, not three times.
+    pub fn new(source: SnapshotSource, raft: &[u8]) -> Result<OwnSnapshot, baton_bbolt::Error> {
         let mut raft_value = crc32c::crc32c(raft).to_be_bytes().to_vec();
         raft_value.extend_from_slice(raft);
         // In key order: the writer takes a bucket's entries sorted.
-        let bucket = vec![
+        let mut bucket = vec![
             (FORMAT_KEY, OWN_FORMAT.to_be_bytes().to_vec()),
-            (KV_SHA256_KEY, hasher.finish().to_vec()),
+            (KV_SHA256_KEY, vec![0; 32]),
             (RAFT_KEY, raft_value),
             (TABLES_KEY, source.state.tables_snapshot()),
         ];
-        OwnSnapshot { source, bucket }
+        debug_assert_eq!(bucket[KV_SHA256_AT].0, KV_SHA256_KEY);
+        let mut hasher = KvHasher::default();
+        let layout = source.plan_with(&bucket, &mut |k, v| hasher.entry(k, v))?;
+        bucket[KV_SHA256_AT].1 = hasher.finish().to_vec();
+        Ok(OwnSnapshot {
+            source,
+            bucket,
+            layout,
+        })
     }
 
-    /// The dry run: where the file ends (its size is `layout.file_bytes()`).
-    pub fn plan(&self) -> Result<Layout, baton_bbolt::Error> {
-        self.source.plan_with(&self.bucket)
+    /// The file's size in bytes.
+    pub fn file_bytes(&self) -> u64 {
+        self.layout.file_bytes()
     }
 
-    /// The bbolt bytes into `out`, for the layout `plan` gave; returns `out`.
-    pub fn write<W: Write>(&self, out: W, layout: Layout) -> Result<W, baton_bbolt::Error> {
-        self.source.write_with(out, layout, &self.bucket)
+    /// The bbolt bytes into `out`; returns `out`.
+    pub fn write<W: Write>(&self, out: W) -> Result<W, baton_bbolt::Error> {
+        self.source.write_with(out, self.layout, &self.bucket)
     }
 }
 
@@ -264,16 +274,25 @@ mod tests {
     }
 
     fn bytes(own: &OwnSnapshot) -> Vec<u8> {
-        let layout = own.plan().unwrap();
-        let out = own.write(Vec::new(), layout).unwrap();
-        assert_eq!(out.len() as u64, layout.file_bytes());
+        let out = own.write(Vec::new()).unwrap();
+        assert_eq!(out.len() as u64, own.file_bytes());
         out
+    }
+
+    /// `source` written under `bucket` as it is (a test's edit of the file).
+    fn with_bucket(source: SnapshotSource, bucket: Vec<(&'static [u8], Vec<u8>)>) -> OwnSnapshot {
+        let layout = source.plan_with(&bucket, &mut |_, _| {}).unwrap();
+        OwnSnapshot {
+            source,
+            bucket,
+            layout,
+        }
     }
 
     #[test]
     fn written_and_read_back_is_the_same_state() {
         let sm = state(&[("a", "1"), ("b", "2"), ("a", "3")]);
-        let file = bytes(&OwnSnapshot::new(source(&sm), b"raft meta"));
+        let file = bytes(&OwnSnapshot::new(source(&sm), b"raft meta").unwrap());
         let db = Db::open(file).unwrap();
         assert!(db.check().unwrap().is_empty(), "bbolt's own check passes");
         assert!(is_own(&db).unwrap());
@@ -305,22 +324,16 @@ mod tests {
     #[test]
     fn a_changed_key_bucket_fails_its_checksum() {
         let sm = state(&[("a", "1"), ("b", "2")]);
-        let original = OwnSnapshot::new(source(&sm), b"m");
+        let original = OwnSnapshot::new(source(&sm), b"m").unwrap();
         let edited_state = state(&[("a", "1"), ("b", "X")]);
-        let edited = OwnSnapshot {
-            source: source(&edited_state),
-            bucket: original.bucket.clone(),
-        };
+        let edited = with_bucket(source(&edited_state), original.bucket.clone());
         let db = Db::open(bytes(&edited)).unwrap();
         let loaded = read_own(&db, &mut |_| {}).unwrap();
         assert!(matches!(loaded.kv_checksum, KvChecksum::Mismatch { .. }));
         assert_eq!(loaded.state.hash_kv(0), edited_state.hash_kv(0));
         // a key space at a revision the tables do not reach does not import
         let beyond = state(&[("a", "1"), ("b", "2"), ("c", "3")]);
-        let edited = OwnSnapshot {
-            source: source(&beyond),
-            bucket: original.bucket.clone(),
-        };
+        let edited = with_bucket(source(&beyond), original.bucket.clone());
         let db = Db::open(bytes(&edited)).unwrap();
         assert!(matches!(
             read_own(&db, &mut |_| {}),
@@ -331,13 +344,13 @@ mod tests {
     #[test]
     fn a_damaged_baton_bucket_is_refused() {
         let sm = state(&[("a", "1")]);
-        let mut own = OwnSnapshot::new(source(&sm), b"m");
-        own.bucket[2].1[4] ^= 1; // the raft record, after its CRC
-        let db = Db::open(bytes(&own)).unwrap();
+        let mut bucket = OwnSnapshot::new(source(&sm), b"m").unwrap().bucket;
+        bucket[2].1[4] ^= 1; // the raft record, after its CRC
+        let db = Db::open(bytes(&with_bucket(source(&sm), bucket))).unwrap();
         assert!(matches!(read_own(&db, &mut |_| {}), Err(ReadError::Own(_))));
-        let mut own = OwnSnapshot::new(source(&sm), b"m");
-        own.bucket[0].1 = 2u32.to_be_bytes().to_vec();
-        let db = Db::open(bytes(&own)).unwrap();
+        let mut bucket = OwnSnapshot::new(source(&sm), b"m").unwrap().bucket;
+        bucket[0].1 = 2u32.to_be_bytes().to_vec();
+        let db = Db::open(bytes(&with_bucket(source(&sm), bucket))).unwrap();
         assert!(matches!(read_own(&db, &mut |_| {}), Err(ReadError::Own(_))));
     }
 
@@ -348,7 +361,7 @@ mod tests {
     #[test]
     fn the_baton_bucket_is_pinned() {
         let sm = state(&[("a", "1"), ("b", "2"), ("a", "3")]);
-        let own = OwnSnapshot::new(source(&sm), b"raft meta");
+        let own = OwnSnapshot::new(source(&sm), b"raft meta").unwrap();
         let mut bytes = Vec::new();
         for (k, v) in &own.bucket {
             bytes.extend_from_slice(&(k.len() as u32).to_be_bytes());
