@@ -42,10 +42,19 @@ pub fn adopt(
     let file = std::fs::File::open(&db_path)
         .with_context(|| format!("opening etcd's database {}", db_path.display()))?;
     let db = Db::open(file).with_context(|| format!("etcd's database {}", db_path.display()))?;
-    // Baton's own snapshot (its `baton` bucket) is this member's state, not etcd's: it is
-    // loaded by the member's start, never imported as a restore.
+    // A Baton member's own snapshot (its `baton` bucket) in a directory without
+    // `member.meta`: a copy of a member's file restored with etcdctl. Importing it would
+    // leave a file that the start takes for this member's own snapshot (of the old
+    // cluster's log and membership); refused, with the way that works.
     if baton_snapshot::is_own(&db)? {
-        return Ok(());
+        bail!(
+            "{} is a Baton member's own snapshot (it has Baton's `baton` bucket), not an etcd \
+             backend restored by `etcdctl snapshot restore`, and {} has no member.meta: restore \
+             the copied file with `baton snapshot restore <file> --skip-hash-check` into a new \
+             data directory instead",
+            db_path.display(),
+            data_dir.display()
+        );
     }
     let problems = db.check()?;
     if !problems.is_empty() {

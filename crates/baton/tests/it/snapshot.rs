@@ -965,3 +965,110 @@ fn wait_ready_plain(endpoint: &str) {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// A copy of a Baton member's own `member/snap/db` is a valid etcd backend file: `etcdctl
+/// snapshot status` and `snapshot restore` (with `--skip-hash-check`, as for etcd's own
+/// file) take it. `baton serve` on what etcdctl restored refuses it with the way that
+/// works (its `baton` bucket would be taken for the new member's own snapshot of the old
+/// cluster), and `baton snapshot restore` of the copy serves the keys it held.
+#[test]
+fn a_members_db_copy_restores_through_baton_not_etcdctl() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut source = Baton::start_with(&dir.path().join("source"), &["--snapshot-count", "3"]);
+    wait_ready_plain(&source.endpoint());
+    for i in 0..12 {
+        ok(
+            etcdctl(
+                &source.endpoint(),
+                &["put", &format!("k{i:02}"), &format!("v{i}")],
+                None,
+            ),
+            "put",
+        );
+    }
+    let db = dir.path().join("source/member/snap/db");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read(&db)
+        .unwrap_or_default()
+        .windows(3)
+        .any(|w| w == b"k08")
+    {
+        assert!(Instant::now() < deadline, "no snapshot holds k08");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    source.terminate();
+    let copy = dir.path().join("copy.db");
+    std::fs::copy(&db, &copy).unwrap();
+    let status = ok(
+        etcdctl(
+            "127.0.0.1:1",
+            &["snapshot", "status", copy.to_str().unwrap(), "-w", "json"],
+            None,
+        ),
+        "etcdctl snapshot status",
+    );
+    assert!(status.contains("\"revision\""), "{status}");
+
+    let by_etcdctl = dir.path().join("by-etcdctl");
+    ok(
+        etcdctl(
+            "127.0.0.1:1",
+            &[
+                "snapshot",
+                "restore",
+                copy.to_str().unwrap(),
+                "--skip-hash-check",
+                "--data-dir",
+                by_etcdctl.to_str().unwrap(),
+            ],
+            None,
+        ),
+        "etcdctl snapshot restore",
+    );
+    let mut cmd = baton_cmd();
+    cmd.args(["serve", "--data-dir"])
+        .arg(&by_etcdctl)
+        .args([
+            "--listen-client-urls",
+            &format!("http://127.0.0.1:{}", free_port_below_ephemeral()),
+        ])
+        .args([
+            "--listen-peer-urls",
+            &format!("http://127.0.0.1:{}", free_port_below_ephemeral()),
+        ])
+        .args([
+            "--listen-metrics-urls",
+            &format!("http://127.0.0.1:{}", free_port_below_ephemeral()),
+        ]);
+    let out = run(cmd, "baton serve on etcdctl's restore of a member's db");
+    assert_ne!(out.code, 0);
+    assert!(
+        out.stderr.contains("is a Baton member's own snapshot")
+            && out.stderr.contains("baton snapshot restore"),
+        "{}",
+        out.stderr
+    );
+    assert!(!by_etcdctl.join("member.meta").exists(), "nothing written");
+
+    let by_baton = dir.path().join("by-baton");
+    let mut cmd = baton_cmd();
+    cmd.args(["snapshot", "restore"])
+        .arg(&copy)
+        .arg("--skip-hash-check")
+        .arg("--data-dir")
+        .arg(&by_baton);
+    let out = run(cmd, "baton snapshot restore of a member's db");
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let mut restored = Baton::start(&by_baton);
+    wait_ready_plain(&restored.endpoint());
+    let got = ok(
+        etcdctl(
+            &restored.endpoint(),
+            &["get", "k08", "--print-value-only"],
+            None,
+        ),
+        "get",
+    );
+    assert_eq!(got.trim(), "v8");
+    restored.terminate();
+}
