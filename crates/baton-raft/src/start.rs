@@ -129,10 +129,7 @@ impl Node {
                 }
             }
         }
-        let credential = config
-            .cluster
-            .as_ref()
-            .map(|c| ClusterCredential::of_token(&c.token));
+        let credential = cluster_credential(&config, &member)?;
         let peers = Arc::new(Peers::new(
             member.cluster_id,
             member.member_id,
@@ -306,6 +303,29 @@ async fn identity(
     load_or_create_member(&config.data_dir, &config.name, mint, expected, rng)
 }
 
+/// What this member shows its peers, and requires of them: the credential it was given when
+/// `member add` admitted it (stored in `member.meta`), else its `--initial-cluster-token`'s.
+/// A token given explicitly that is not the stored credential's is refused: the member was
+/// admitted to another cluster than the token names, and one of the two is a mistake.
+fn cluster_credential(
+    config: &NodeConfig,
+    member: &MemberMeta,
+) -> Result<Option<ClusterCredential>, StartError> {
+    let Some(cluster) = &config.cluster else {
+        return Ok(None);
+    };
+    let of_token = ClusterCredential::of_token(&cluster.token);
+    match member.credential {
+        None => Ok(Some(of_token)),
+        Some(stored) if cluster.token_given && !stored.matches(&of_token) => {
+            Err(StartError::TokenMismatch {
+                path: config.data_dir.join("member.meta"),
+            })
+        }
+        Some(stored) => Ok(Some(stored)),
+    }
+}
+
 /// How a pristine member gets its identity.
 enum Mint<'a> {
     /// A single-member cluster: random ids.
@@ -338,10 +358,8 @@ fn load_or_create_member(
                 .into(),
         ));
     }
-    match files::read_framed(&path, files::MEMBER_MAGIC).map_err(io_error(&path))? {
-        Some(Ok(payload)) => {
-            let meta =
-                files::decode_member(&payload).map_err(|reason| invalid_data(&path, reason))?;
+    match files::read_member(&path).map_err(io_error(&path))? {
+        Some(Ok(meta)) => {
             if let Some(ids) = expected {
                 if ids.cluster_id != meta.cluster_id || ids.id_of(name) != Some(meta.member_id) {
                     tracing::warn!(
@@ -373,6 +391,7 @@ fn load_or_create_member(
                         .ok_or_else(|| cluster::ClusterConfigError::NotListed(name.to_string()))?,
                     cluster_id: ids.cluster_id,
                     name: name.to_string(),
+                    credential: None,
                 },
             };
             files::write_atomic(&path, &files::encode_member(&meta)).map_err(io_error(&path))?;
@@ -571,12 +590,15 @@ fn spawn_duties(parts: &Parts) {
     )));
     let publish = tokio::spawn(publish::run(Arc::downgrade(&parts.router)));
     let removal = tokio::spawn(membership::removal_loop(Arc::downgrade(&parts.router)));
+    let adds = tokio::spawn(membership::observe_adds_loop(Arc::downgrade(
+        &parts.members,
+    )));
     let election = election::spawn(&parts.handlers.elector);
     let leaders = tokio::spawn(watch_leader_changes(Arc::downgrade(&parts.replica)));
     parts
         .tasks
         .lock()
-        .extend([ticker, quota, publish, removal, election, leaders]);
+        .extend([ticker, quota, publish, removal, adds, election, leaders]);
 }
 
 /// Counts the leader changes this member sees (`observe::LeaderSeen`), from openraft's
