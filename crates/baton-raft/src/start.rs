@@ -195,7 +195,7 @@ impl Node {
             let tasks = peer_server::spawn(peer_listeners, service);
             node.parts.tasks.lock().extend(tasks);
         }
-        if let Err(e) = bootstrap(&node.parts, initial.as_ref()).await {
+        if let Err(e) = bootstrap(&node.parts, initial.as_ref(), credential).await {
             node.shutdown().await;
             return Err(e);
         }
@@ -483,7 +483,13 @@ fn assemble(
 /// every member of `--initial-cluster` (the others wait to be contacted; a member that
 /// has data never initializes again). Every start of a sole voter: get leadership (it
 /// elects itself) and have the lease clock ready before serving.
-async fn bootstrap(parts: &Parts, initial: Option<&Initial>) -> Result<(), StartError> {
+///
+/// `credential` is what this member shows its peers (`cluster_credential`).
+async fn bootstrap(
+    parts: &Parts,
+    initial: Option<&Initial>,
+    credential: Option<ClusterCredential>,
+) -> Result<(), StartError> {
     let replica = &parts.replica;
     let raft = &replica.raft;
     let me = replica.member_id;
@@ -520,7 +526,7 @@ async fn bootstrap(parts: &Parts, initial: Option<&Initial>) -> Result<(), Start
             raft.initialize(members).await.map_err(|e| raft_err(&e))?;
         } else {
             tracing::info!("waiting to be contacted by the cluster's leader");
-            if let (Some((ids, _)), Some(cluster)) = (initial, &config.cluster) {
+            if let (Some((ids, _)), Some(credential)) = (initial, credential) {
                 let listed = ids
                     .members
                     .iter()
@@ -529,7 +535,7 @@ async fn bootstrap(parts: &Parts, initial: Option<&Initial>) -> Result<(), Start
                 let probe = tokio::spawn(membership::probe_while_waiting(
                     raft.clone(),
                     config.clone(),
-                    cluster.token.clone(),
+                    credential,
                     listed,
                 ));
                 parts.tasks.lock().push(probe);

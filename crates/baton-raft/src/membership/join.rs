@@ -149,10 +149,14 @@ const WAITING_PROBE_INTERVAL: Duration = Duration::from_secs(2);
 /// the leader cannot reach this member either, and nothing else would say so on this side.
 /// Each such refusal is logged at WARN once per peer until it changes. Stops once Raft is
 /// initialized (the leader got through) or shut down.
+///
+/// `credential` is what this member shows its peers: its token's, or the one it was given
+/// when `member add` admitted it (`admission`; shown with any other, the probe would be
+/// refused, and counted as a refusal, at every interval).
 pub(crate) async fn probe_while_waiting(
     raft: crate::types::Raft,
     config: NodeConfig,
-    token: String,
+    credential: ClusterCredential,
     listed_peer_urls: Vec<String>,
 ) {
     let own = normalize(&config.peer_urls);
@@ -162,7 +166,7 @@ pub(crate) async fn probe_while_waiting(
         .collect();
     let Ok(request) = wire::encode(&JoinRequest {
         peer_urls: config.peer_urls.clone(),
-        credential: ClusterCredential::of_token(&token),
+        credential,
     }) else {
         return;
     };
