@@ -73,9 +73,9 @@ pub struct ServeArgs {
     /// Distinguishes clusters created from the same member list: part of every id, and peers
     /// refuse messages from another cluster. Every peer request shows a digest of it, and
     /// members hear nobody without it: without peer TLS, make it a secret (a random string) to
-    /// keep strangers who can reach the peer port out of the cluster. Default: baton-cluster.
-    /// A member added with `member add` may be started without it (it is then admitted by
-    /// the add and keeps the cluster's credential, see ARCHITECTURE.md).
+    /// keep strangers who can reach the peer port out of the cluster [default: baton-cluster].
+    /// A member added with `member add` may be started without it: the add admits it and it
+    /// keeps the cluster's credential (ARCHITECTURE.md, "Admission by member add").
     #[arg(long, value_name = "TOKEN")]
     initial_cluster_token: Option<String>,
     /// Raft heartbeat interval in milliseconds.

@@ -14,8 +14,9 @@
 //! - it advertises exactly the peer URLs it was added with (compared as normalized sets);
 //! - the request's TCP source address is one that those URLs' hosts resolve to;
 //! - this member saw the add (took it into its membership) at most [`ADMISSION_WINDOW`] ago,
-//!   measured on its own monotonic clock in its current run: an add it only found in its
-//!   log at start, or learned at its initialization, opens no window;
+//!   measured on its own monotonic clock in its current run, while it was a member itself:
+//!   an add it found in its log at start, or learned while catching up on the cluster's
+//!   history (its initialization, its own join), opens no window;
 //! - it admits each added member once.
 //!
 //! Without peer TLS this is etcd's own level of trust in peers (an etcd member believes any
@@ -71,6 +72,10 @@ pub(crate) enum AdmissionRefusal {
     SourceMismatch { from: IpAddr, urls: Vec<String> },
 }
 
+/// How long the system resolver may take for one peer URL's host; a name that does not
+/// resolve in time names no address. The joiner's own question times out at 2 s.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// What this member knows about fresh adds.
 #[derive(Debug)]
 struct State {
@@ -86,13 +91,16 @@ struct State {
 /// forgets every window, which only closes doors).
 #[derive(Debug)]
 pub(crate) struct Admissions {
+    /// This member's id.
+    me: u64,
     state: Mutex<State>,
 }
 
 impl Admissions {
     /// Starts from `baseline`, the membership at start: the adds in it are not fresh.
-    pub(crate) fn new(baseline: &Membership<u64, Member>) -> Admissions {
+    pub(crate) fn new(me: u64, baseline: &Membership<u64, Member>) -> Admissions {
         Admissions {
+            me,
             state: Mutex::new(State {
                 known: baseline.nodes().map(|(id, _)| *id).collect(),
                 added_at: BTreeMap::new(),
@@ -101,13 +109,14 @@ impl Admissions {
         }
     }
 
-    /// Records the members of `membership` not seen before as added `now`. A membership seen
-    /// while the previous one was empty is a cluster's initialization (or a joiner's first
-    /// look at its cluster), not a `member add`: nothing in it is fresh.
+    /// Records the members of `membership` not seen before as added `now`, if this member
+    /// was in the membership seen before: otherwise this is the cluster's initialization, or
+    /// this member catching up on history from before it was added (an add made long ago
+    /// would look new), and nothing in it is fresh.
     pub(crate) fn observe(&self, membership: &Membership<u64, Member>, now: Instant) {
         let mut st = self.state.lock();
         let ids: BTreeSet<u64> = membership.nodes().map(|(id, _)| *id).collect();
-        if !st.known.is_empty() {
+        if st.known.contains(&self.me) {
             for id in ids.difference(&st.known).copied().collect::<Vec<_>>() {
                 st.added_at.insert(id, now);
             }
@@ -180,8 +189,9 @@ pub(crate) async fn check_source(
         let Some((host, port)) = host_port(url) else {
             continue;
         };
-        // A name that does not resolve names no address: it matches nothing.
-        let Ok(addrs) = tokio::net::lookup_host((host, port)).await else {
+        // A name that does not resolve (in time) names no address: it matches nothing.
+        let lookup = tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((host, port)));
+        let Ok(Ok(addrs)) = lookup.await else {
             continue;
         };
         if addrs.into_iter().any(|a| a.ip().to_canonical() == source) {
@@ -235,7 +245,7 @@ mod tests {
     fn only_a_fresh_unstarted_add_with_the_same_urls_is_a_candidate_and_only_once() {
         let t0 = Instant::now();
         let one = membership(&[(1, member("infra1", "http://localhost:20011"))]);
-        let adm = Admissions::new(&one);
+        let adm = Admissions::new(1, &one);
         let urls = vec![format!("{URL}/")];
         let never = |_| false;
         assert_eq!(
@@ -286,23 +296,41 @@ mod tests {
     }
 
     #[test]
-    fn adds_known_at_start_or_at_initialization_open_no_window() {
+    fn adds_known_at_start_at_initialization_or_from_history_open_no_window() {
         let t0 = Instant::now();
         let two = membership(&[(1, member("a", "http://h:1")), (2, member("", URL))]);
         let urls = vec![URL.to_string()];
+        let refused = Err(AdmissionRefusal::WindowPassed(2));
         // In the membership at start: added before this run.
-        let adm = Admissions::new(&two);
+        let adm = Admissions::new(1, &two);
         adm.observe(&two, t0);
-        assert_eq!(
-            adm.candidate(&two, &urls, |_| false, t0),
-            Err(AdmissionRefusal::WindowPassed(2))
-        );
+        assert_eq!(adm.candidate(&two, &urls, |_| false, t0), refused);
         // A pristine member's first membership: its cluster's initialization.
-        let adm = Admissions::new(&Membership::default());
+        let adm = Admissions::new(1, &Membership::default());
         adm.observe(&two, t0);
+        assert_eq!(adm.candidate(&two, &urls, |_| false, t0), refused);
+        // Member 3 joined later and replays the log: member 2's add, made before 3 was a
+        // member, is history to it, not a fresh add.
+        let adm = Admissions::new(3, &Membership::default());
+        let one = membership(&[(1, member("a", "http://h:1"))]);
+        adm.observe(&one, t0);
+        adm.observe(&two, t0);
+        let three = membership(&[
+            (1, member("a", "http://h:1")),
+            (2, member("", URL)),
+            (3, member("", "http://h:3")),
+        ]);
+        adm.observe(&three, t0);
+        assert_eq!(adm.candidate(&three, &urls, |_| false, t0), refused);
+        // A member added after 3 became one is fresh to it.
+        let mut nodes: Vec<(u64, Member)> = three.nodes().map(|(i, m)| (*i, m.clone())).collect();
+        nodes.push((4, member("", "http://h:4")));
+        let four = membership(&nodes);
+        adm.observe(&four, t0);
+        let urls4 = vec!["http://h:4".to_string()];
         assert_eq!(
-            adm.candidate(&two, &urls, |_| false, t0),
-            Err(AdmissionRefusal::WindowPassed(2))
+            adm.candidate(&four, &urls4, |_| false, t0),
+            Ok((4, urls4.clone()))
         );
     }
 

@@ -86,9 +86,10 @@ impl Members {
     /// before it commits) is the baseline of admission: none of its adds is fresh.
     pub(crate) fn new(router: Arc<Router>, clustered: bool) -> Members {
         let admissions = {
-            let m = router.replica().raft.metrics();
+            let replica = router.replica();
+            let m = replica.raft.metrics();
             let m = m.borrow();
-            Admissions::new(m.membership_config.membership())
+            Admissions::new(replica.member_id, m.membership_config.membership())
         };
         Members {
             router,
