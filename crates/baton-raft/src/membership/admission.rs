@@ -50,17 +50,24 @@ pub(crate) enum AdmissionRefusal {
          --peer-urls=...)"
     )]
     NoPendingMember(Vec<String>),
+    // The messages below go to whoever asked, who may be a stranger: they name no member id
+    // (the ids are what a forger of peer messages would need; the operator finds the member
+    // by its peer URLs in `member list`).
     /// This member already admitted the added member once.
-    #[error("member {0:x} was already admitted once; remove it and add it again")]
+    #[error(
+        "the member added with these peer URLs was already admitted once; remove it and add \
+         it again"
+    )]
     AlreadyAdmitted(u64),
     /// The added member has started already (published, or heard from): whoever asks now is
     /// not the process the add was for.
-    #[error("member {0:x} has already started; remove it and add it again")]
+    #[error("the member added with these peer URLs has already started")]
     Started(u64),
     /// The add is older than [`ADMISSION_WINDOW`], or happened before this member's run.
     #[error(
-        "the admission window of member {0:x} has passed (it was added more than 10 minutes \
-         ago, or before the asked member last started); remove it and add it again"
+        "the admission window of the member added with these peer URLs has passed (it was \
+         added more than 10 minutes ago, or before the asked member last started); remove it \
+         and add it again"
     )]
     WindowPassed(u64),
     /// The peer transport does not tell the source address (an injected transport: peer

@@ -346,20 +346,6 @@ impl Members {
         }
     }
 
-    /// Takes the current membership's new members as added now (`admission`).
-    fn observe_adds(&self) {
-        let membership = self
-            .router
-            .replica()
-            .raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .clone();
-        self.admissions.observe(&membership, Instant::now());
-    }
-
     /// Answers a joiner that did not show the cluster token's credential, if `member add`
     /// admits it (`admission`): the membership, as [`Members::serve_join`]. The caller then
     /// hands it the cluster's credential. `source` is the request's TCP source address
@@ -369,9 +355,6 @@ impl Members {
         req: JoinRequest,
         source: Option<SocketAddr>,
     ) -> Result<JoinResponse, AdmissionRefusal> {
-        // Observed here too, not only by `observe_adds_loop`: an add made a moment ago may
-        // not have reached that task yet.
-        self.observe_adds();
         let membership = self
             .router
             .replica()
@@ -381,6 +364,9 @@ impl Members {
             .membership_config
             .membership()
             .clone();
+        // Observed here too, not only by `observe_adds_loop`: an add made a moment ago may
+        // not have reached that task yet.
+        self.admissions.observe(&membership, Instant::now());
         let (id, urls) = self.admissions.candidate(
             &membership,
             &req.peer_urls,
