@@ -233,6 +233,15 @@ pub(crate) fn decode_member(bytes: &[u8]) -> Result<MemberMeta, String> {
             credential: Some(v3.credential),
         });
     }
+    if bytes.starts_with(b"BTNMEMB") && !bytes.starts_with(MEMBER_MAGIC) {
+        // Version 1 is refused before this (`has_old_member_magic`); a later one was
+        // written by a newer Baton.
+        return Err(format!(
+            "member meta version {:?} is newer than this Baton reads (2 and 3): run the Baton \
+             that wrote it",
+            String::from_utf8_lossy(&bytes[7..8.min(bytes.len())])
+        ));
+    }
     let v2: MemberMetaV2 =
         bincode::deserialize(decode_framed(MEMBER_MAGIC, bytes)?).map_err(undecodable)?;
     Ok(MemberMeta {
@@ -246,6 +255,21 @@ pub(crate) fn decode_member(bytes: &[u8]) -> Result<MemberMeta, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn member_meta_of_a_newer_version_is_refused_saying_so() {
+        let meta = MemberMeta {
+            member_id: 1,
+            cluster_id: 2,
+            name: "n".into(),
+            credential: None,
+        };
+        let mut bytes = encode_member(&meta);
+        assert_eq!(decode_member(&bytes), Ok(meta));
+        bytes[7] = b'4';
+        let err = decode_member(&bytes).unwrap_err();
+        assert!(err.contains("version \"4\" is newer"), "{err}");
+    }
 
     #[test]
     fn framed_roundtrip_and_detection() {

@@ -70,6 +70,8 @@ impl Node {
         // cluster mints (the simulation's members derive theirs, so its draws are unchanged).
         let mut rng = config.env.rng();
         let member = identity(&config, initial.as_ref(), pristine, &mut rng).await?;
+        // Before the log is opened: a refusal leaves nothing running.
+        let credential = cluster_credential(&config, &member)?;
         // Bound before Raft starts: a port conflict fails the start instead of leaving a
         // member that nobody can reach.
         let peer_listeners = match &config.cluster {
@@ -129,7 +131,6 @@ impl Node {
                 }
             }
         }
-        let credential = cluster_credential(&config, &member)?;
         let peers = Arc::new(Peers::new(
             member.cluster_id,
             member.member_id,
