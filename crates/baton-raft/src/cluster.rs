@@ -41,6 +41,10 @@ pub struct ClusterConfig {
     /// `--initial-cluster-token`: two clusters created from the same member list with
     /// different tokens get different ids and refuse each other's messages.
     pub token: String,
+    /// Whether `token` was given (`--initial-cluster-token`) rather than defaulted. A member
+    /// admitted by `member add` without the token keeps using the cluster credential it was
+    /// given when none is; a token given that differs from it is refused.
+    pub token_given: bool,
     /// Where to serve the peer service (`--listen-peer-urls`).
     pub listen_peer_addrs: Vec<SocketAddr>,
 }
@@ -225,6 +229,7 @@ mod tests {
             initial_members: parse_initial_cluster(spec).unwrap(),
             state: InitialClusterState::New,
             token: token.into(),
+            token_given: true,
             listen_peer_addrs: Vec::new(),
         }
     }

@@ -40,6 +40,12 @@ impl ClusterCredential {
                 == 0
     }
 
+    /// The credential in `bytes` (a `PeerMessage`'s `credential`); `None` unless exactly 32
+    /// bytes.
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Option<ClusterCredential> {
+        bytes.try_into().ok().map(ClusterCredential)
+    }
+
     /// The bytes sent in a `PeerMessage`'s `credential`.
     pub(crate) fn to_vec(self) -> Vec<u8> {
         self.0.to_vec()
@@ -63,6 +69,9 @@ mod tests {
         assert!(!a.matches(&ClusterCredential::of_token("cluster-b")));
         assert!(!a.matches(&ClusterCredential::of_token("")));
         assert!(!a.matches_bytes(&[0; 31]));
+        assert!(ClusterCredential::from_bytes(&a.to_vec()).is_some_and(|b| b.matches(&a)));
+        assert!(ClusterCredential::from_bytes(&[0; 31]).is_none());
+        assert!(ClusterCredential::from_bytes(&[]).is_none());
         assert_eq!(format!("{a:?}"), "ClusterCredential(..)");
     }
 }

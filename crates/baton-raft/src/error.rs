@@ -80,6 +80,14 @@ pub enum StartError {
          (a new member is started without the flag)"
     )]
     ForceNewClusterWithoutData,
+    /// `--initial-cluster-token` was given, but this member was admitted by `member add`
+    /// and holds the cluster's credential, which is not that token's.
+    #[error(
+        "--initial-cluster-token is not the token of the cluster this member was admitted to \
+         (its credential is stored in {path}); start it without --initial-cluster-token, or \
+         with the cluster's token"
+    )]
+    TokenMismatch { path: PathBuf },
     /// A peer address could not be bound.
     #[error("cannot listen for peers on {addr}: {source}")]
     Bind {

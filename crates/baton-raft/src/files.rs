@@ -8,10 +8,17 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::credential::ClusterCredential;
+
 pub(crate) const VOTE_MAGIC: &[u8; 8] = b"BTNVOTE1";
 /// Version 2: the membership in the log and snapshots records `types::Member` (name, peer
 /// and client URLs) instead of openraft's `BasicNode`; version-1 directories are refused.
+/// Still written for every member that holds no admitted credential, so such a directory
+/// stays readable by a Baton from before version 3.
 pub(crate) const MEMBER_MAGIC: &[u8; 8] = b"BTNMEMB2";
+/// Version 3: version 2 and the cluster credential a member was given when `member add`
+/// admitted it without the token (`membership::admission`). Written only for such a member.
+pub(crate) const MEMBER_MAGIC_V3: &[u8; 8] = b"BTNMEMB3";
 const OLD_MEMBER_MAGIC: &[u8; 8] = b"BTNMEMB1";
 /// Bound on the payload of a framed small file; anything bigger is corruption, not data.
 const MAX_SMALL_FILE_BYTES: usize = 1 << 20;
@@ -129,12 +136,34 @@ pub(crate) fn has_old_member_magic(path: &Path) -> bool {
 }
 
 /// Who this replica is. Persisted once, on first start, in `data_dir/member.meta`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct MemberMeta {
     pub(crate) member_id: u64,
     pub(crate) cluster_id: u64,
     /// The `--name` at creation (informational; the current config's name is what is shown).
     pub(crate) name: String,
+    /// The cluster credential this member was given when `member add` admitted it without
+    /// the cluster token: what it shows its peers instead of its own token's. `None`: it
+    /// shows its `--initial-cluster-token`'s.
+    pub(crate) credential: Option<ClusterCredential>,
+}
+
+/// `member.meta` version 2 as bincode encodes it (`MEMBER_MAGIC`). Never change: write a new
+/// version (pinned in `golden.rs`).
+#[derive(Serialize, Deserialize)]
+struct MemberMetaV2 {
+    member_id: u64,
+    cluster_id: u64,
+    name: String,
+}
+
+/// `member.meta` version 3 (`MEMBER_MAGIC_V3`). Never change.
+#[derive(Serialize, Deserialize)]
+struct MemberMetaV3 {
+    member_id: u64,
+    cluster_id: u64,
+    name: String,
+    credential: ClusterCredential,
 }
 
 /// Identity of a single-member cluster (no `--initial-cluster`): random non-zero ids. Members
@@ -151,23 +180,96 @@ pub(crate) fn new_identity(name: &str, rng: &mut impl rand::Rng) -> MemberMeta {
         member_id: nonzero(),
         cluster_id: nonzero(),
         name: name.to_string(),
+        credential: None,
     }
 }
 
+/// The file `member.meta` holds: version 2 without a credential, version 3 with one.
 pub(crate) fn encode_member(meta: &MemberMeta) -> Vec<u8> {
-    encode_framed(
-        MEMBER_MAGIC,
-        &bincode::serialize(meta).expect("member meta serializes"),
-    )
+    let (member_id, cluster_id, name) = (meta.member_id, meta.cluster_id, meta.name.clone());
+    match meta.credential {
+        None => encode_framed(
+            MEMBER_MAGIC,
+            &bincode::serialize(&MemberMetaV2 {
+                member_id,
+                cluster_id,
+                name,
+            })
+            .expect("member meta serializes"),
+        ),
+        Some(credential) => encode_framed(
+            MEMBER_MAGIC_V3,
+            &bincode::serialize(&MemberMetaV3 {
+                member_id,
+                cluster_id,
+                name,
+                credential,
+            })
+            .expect("member meta serializes"),
+        ),
+    }
 }
 
-pub(crate) fn decode_member(payload: &[u8]) -> Result<MemberMeta, String> {
-    bincode::deserialize(payload).map_err(|e| format!("undecodable member meta: {e}"))
+/// Reads `member.meta` of either version: `Ok(None)` if it does not exist,
+/// `Ok(Some(Err(reason)))` if it exists but is not valid.
+pub(crate) fn read_member(path: &Path) -> io::Result<Option<Result<MemberMeta, String>>> {
+    match fs::read(path) {
+        Ok(bytes) => Ok(Some(decode_member(&bytes))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Inverse of [`encode_member`] (the whole file, frame included).
+pub(crate) fn decode_member(bytes: &[u8]) -> Result<MemberMeta, String> {
+    let undecodable = |e: bincode::Error| format!("undecodable member meta: {e}");
+    if bytes.starts_with(MEMBER_MAGIC_V3) {
+        let v3: MemberMetaV3 =
+            bincode::deserialize(decode_framed(MEMBER_MAGIC_V3, bytes)?).map_err(undecodable)?;
+        return Ok(MemberMeta {
+            member_id: v3.member_id,
+            cluster_id: v3.cluster_id,
+            name: v3.name,
+            credential: Some(v3.credential),
+        });
+    }
+    if bytes.starts_with(b"BTNMEMB") && !bytes.starts_with(MEMBER_MAGIC) {
+        // Version 1 is refused before this (`has_old_member_magic`); a later one was
+        // written by a newer Baton.
+        return Err(format!(
+            "member meta version {:?} is newer than this Baton reads (2 and 3): run the Baton \
+             that wrote it",
+            String::from_utf8_lossy(&bytes[7..8.min(bytes.len())])
+        ));
+    }
+    let v2: MemberMetaV2 =
+        bincode::deserialize(decode_framed(MEMBER_MAGIC, bytes)?).map_err(undecodable)?;
+    Ok(MemberMeta {
+        member_id: v2.member_id,
+        cluster_id: v2.cluster_id,
+        name: v2.name,
+        credential: None,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn member_meta_of_a_newer_version_is_refused_saying_so() {
+        let meta = MemberMeta {
+            member_id: 1,
+            cluster_id: 2,
+            name: "n".into(),
+            credential: None,
+        };
+        let mut bytes = encode_member(&meta);
+        assert_eq!(decode_member(&bytes), Ok(meta));
+        bytes[7] = b'4';
+        let err = decode_member(&bytes).unwrap_err();
+        assert!(err.contains("version \"4\" is newer"), "{err}");
+    }
 
     #[test]
     fn framed_roundtrip_and_detection() {

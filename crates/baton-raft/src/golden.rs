@@ -233,6 +233,7 @@ mod tests {
     use super::*;
     use crate::credential::ClusterCredential;
     use crate::election::{PreVoteAnswer, PreVoteRequest};
+    use crate::files::{self, MemberMeta};
     use crate::membership::change::{JoinRequest, JoinResponse, MemberChange};
     use crate::origin::LeaderDuty;
     use crate::types::TypeConfig;
@@ -241,6 +242,36 @@ mod tests {
 
     fn named<T>(values: Vec<T>, name: fn(&T) -> &'static str) -> Vec<(&'static str, T)> {
         values.into_iter().map(|v| (name(&v), v)).collect()
+    }
+
+    /// `member.meta`, whole files (frame included), in every version still read: version 2
+    /// (written for every member without an admitted credential) and version 3 (a member
+    /// admitted by `member add`, `membership::admission`). Each decodes back to its sample.
+    #[test]
+    fn member_meta_versions_are_pinned() {
+        let v2 = MemberMeta {
+            member_id: 0xa1,
+            cluster_id: 0xc1,
+            name: "golden".into(),
+            credential: None,
+        };
+        let v3 = MemberMeta {
+            credential: Some(ClusterCredential::of_token("golden")),
+            ..v2.clone()
+        };
+        let dir = golden_dir("member_meta");
+        let mut problems = Vec::new();
+        let samples = [("v2", v2), ("v3", v3)];
+        for (name, meta) in &samples {
+            let bytes = files::encode_member(meta);
+            let h = header("member_meta", name, "files::encode_member", meta);
+            problems.extend(compare_file(&dir, name, &h, &bytes));
+            if files::decode_member(&bytes).as_ref() != Ok(meta) {
+                problems.push(format!("member_meta/{name}: does not decode to itself"));
+            }
+        }
+        problems.extend(orphans(&dir, &samples.iter().map(|(n, _)| *n).collect()));
+        assert_no_problems(problems);
     }
 
     #[test]

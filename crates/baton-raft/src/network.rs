@@ -521,6 +521,18 @@ pub(crate) enum AskError {
     Transport(String),
 }
 
+/// What a member answered [`ask_members`].
+#[derive(Debug)]
+pub(crate) struct MembersAnswer {
+    /// The asked member's cluster id (from the envelope).
+    pub(crate) cluster_id: u64,
+    /// A `JoinResponse`, encoded.
+    pub(crate) payload: Vec<u8>,
+    /// The cluster's credential when the member admitted the joiner by `member add`
+    /// (`membership::admission`); empty when the joiner showed the right one itself.
+    pub(crate) credential: Vec<u8>,
+}
+
 /// Asks the member at `url` for the cluster's membership on behalf of a member that joins
 /// with an empty data directory and knows neither the cluster id nor its own member id yet
 /// (the envelope carries zeros for both; the answer's envelope names the cluster).
@@ -529,7 +541,7 @@ pub(crate) async fn ask_members(
     url: &str,
     payload: Vec<u8>,
     timeout: Duration,
-) -> Result<(u64, Vec<u8>), AskError> {
+) -> Result<MembersAnswer, AskError> {
     let endpoint = Endpoint::from_shared(url.to_string())
         .map_err(|e| AskError::Failed(format!("bad peer URL {url}: {e}")))?
         .connect_timeout(CONNECT_TIMEOUT)
@@ -575,7 +587,11 @@ pub(crate) async fn ask_members(
                  peer format"
             )));
         }
-        Ok((resp.cluster_id, resp.payload))
+        Ok(MembersAnswer {
+            cluster_id: resp.cluster_id,
+            payload: resp.payload,
+            credential: resp.credential,
+        })
     };
     tokio::time::timeout(timeout, call)
         .await

@@ -24,7 +24,10 @@
 //! - a forwarded `Publish` names its sender (a member publishes only its own attributes);
 //! - the one leader duty a member asks for is a `NOSPACE` alarm (`Alarm(Activate)`), and
 //!   only for itself: its own disk is full (a client may not raise one);
-//! - `Members` answers only a request with the cluster token's credential.
+//! - `Members` answers only a request with the cluster token's credential, or a joiner that
+//!   `member add` admits (`membership::admission`): the added member, not started yet,
+//!   asking from an address of its peer URLs within 10 minutes of the add, once. That
+//!   answer carries the cluster credential in its envelope.
 //!
 //! Before any of that, every request's envelope must announce this binary's payload format
 //! (`wire::PEER_FORMAT_VERSION`; absent means 1): a member of another build is refused
@@ -50,6 +53,7 @@ use crate::election::{Elector, PreVoteRequest};
 use crate::env::{PeerIncoming, PeerTransport};
 use crate::error::StartError;
 use crate::leader_service::LeaderService;
+use crate::membership::admission::AdmissionRefusal;
 use crate::membership::change::{JoinRequest, SenderStanding, REMOVED_MESSAGE};
 use crate::membership::Members;
 use crate::origin::{self, LeaderDuty};
@@ -113,6 +117,13 @@ pub(crate) enum Refusal {
     /// `Members`) or in a joiner's request (`Members`, also when undecodable).
     #[error("baton: peer requests need the credential of this cluster's --initial-cluster-token")]
     NoClusterToken,
+    /// A joiner's `Members` request without the cluster token's credential that admission
+    /// by `member add` did not let in either (`membership::admission`).
+    #[error(
+        "baton: peer requests need the credential of this cluster's --initial-cluster-token, \
+         and admission by member add does not apply: {0}"
+    )]
+    NotAdmitted(AdmissionRefusal),
     /// The envelope announces a payload format this binary does not speak: the sender runs
     /// another Baton build, and its payload would be misread.
     #[error(
@@ -131,6 +142,7 @@ impl Refusal {
             Refusal::LeaderOnly(_) => "leader_only_command",
             Refusal::PublishForAnother { .. } => "publish_for_another",
             Refusal::NoClusterToken => "no_cluster_token",
+            Refusal::NotAdmitted(_) => "not_admitted",
             Refusal::FormatVersion { .. } => "format_version",
         }
     }
@@ -158,7 +170,8 @@ impl Refusal {
             | Refusal::Removed(_)
             | Refusal::LeaderOnly(_)
             | Refusal::PublishForAnother { .. }
-            | Refusal::NoClusterToken => Status::permission_denied(self.to_string()),
+            | Refusal::NoClusterToken
+            | Refusal::NotAdmitted(_) => Status::permission_denied(self.to_string()),
         }
     }
 }
@@ -373,18 +386,29 @@ impl RaftService for PeerService {
     ) -> Result<Response<PeerMessage>, Status> {
         // The joiner knows neither the cluster id nor its id: no envelope check. It shows
         // the credential of the token it was given instead; anyone else learns neither the
-        // ids nor the peer URLs a forger would need (an undecodable request shows none).
+        // ids nor the peer URLs a forger would need (an undecodable request shows none),
+        // unless `member add` admits it (`membership::admission`).
+        let source = request.remote_addr();
         let msg = request.into_inner();
         check_format(msg.format_version).map_err(Refusal::into_status)?;
-        let req = decode::<JoinRequest>(&msg.payload)
-            .ok()
-            .filter(|req| {
-                self.cluster_credential
-                    .is_some_and(|mine| mine.matches(&req.credential))
-            })
-            .ok_or_else(|| Refusal::NoClusterToken.into_status())?;
-        let resp = self.handlers()?.members.serve_join(req);
-        self.reply(0, &resp)
+        let (Some(mine), Ok(req)) = (self.cluster_credential, decode::<JoinRequest>(&msg.payload))
+        else {
+            return Err(Refusal::NoClusterToken.into_status());
+        };
+        let members = self.handlers()?.members.clone();
+        if mine.matches(&req.credential) {
+            let resp = members.serve_join(req);
+            return self.reply(0, &resp);
+        }
+        let resp = members
+            .admit(req, source)
+            .await
+            .map_err(|why| Refusal::NotAdmitted(why).into_status())?;
+        // The admitted joiner is handed the cluster's credential (the digest, never the
+        // token) in the envelope, a field replies otherwise leave empty.
+        let mut reply = self.reply(0, &resp)?;
+        reply.get_mut().credential = mine.to_vec();
+        Ok(reply)
     }
 
     async fn timeout_now(
@@ -599,6 +623,11 @@ mod tests {
                 Refusal::NoClusterToken,
                 tonic::Code::PermissionDenied,
                 "no_cluster_token",
+            ),
+            (
+                Refusal::NotAdmitted(AdmissionRefusal::SourceUnknown),
+                tonic::Code::PermissionDenied,
+                "not_admitted",
             ),
             (
                 Refusal::FormatVersion { theirs: 2, ours: 1 },

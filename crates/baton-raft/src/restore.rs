@@ -98,6 +98,7 @@ pub fn restore_data_dir(
         initial_members,
         state: InitialClusterState::New,
         token: token.to_string(),
+        token_given: true,
         listen_peer_addrs: Vec::new(),
     };
     let ids = cluster::derive_ids(&config, name, advertised_peer_urls)?;
@@ -139,6 +140,7 @@ pub fn restore_data_dir(
         member_id,
         cluster_id: ids.cluster_id,
         name: name.to_string(),
+        credential: None,
     };
     files::write_atomic(&member_path, &files::encode_member(&identity))
         .map_err(io(&member_path))?;

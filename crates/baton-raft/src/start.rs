@@ -71,6 +71,8 @@ impl Node {
         // cluster mints (the simulation's members derive theirs, so its draws are unchanged).
         let mut rng = config.env.rng();
         let member = identity(&config, initial.as_ref(), pristine, &mut rng).await?;
+        // Before the log is opened: a refusal leaves nothing running.
+        let credential = cluster_credential(&config, &member)?;
         // Bound before Raft starts: a port conflict fails the start instead of leaving a
         // member that nobody can reach.
         let peer_listeners = match &config.cluster {
@@ -140,10 +142,6 @@ impl Node {
                 }
             }
         }
-        let credential = config
-            .cluster
-            .as_ref()
-            .map(|c| ClusterCredential::of_token(&c.token));
         let peers = Arc::new(Peers::new(
             member.cluster_id,
             member.member_id,
@@ -209,7 +207,7 @@ impl Node {
             let tasks = peer_server::spawn(peer_listeners, service);
             node.parts.tasks.lock().extend(tasks);
         }
-        if let Err(e) = bootstrap(&node.parts, initial.as_ref()).await {
+        if let Err(e) = bootstrap(&node.parts, initial.as_ref(), credential).await {
             node.shutdown().await;
             return Err(e);
         }
@@ -352,6 +350,29 @@ async fn identity(
     load_or_create_member(&config.data_dir, &config.name, mint, expected, rng)
 }
 
+/// What this member shows its peers, and requires of them: the credential it was given when
+/// `member add` admitted it (stored in `member.meta`), else its `--initial-cluster-token`'s.
+/// A token given explicitly that is not the stored credential's is refused: the member was
+/// admitted to another cluster than the token names, and one of the two is a mistake.
+fn cluster_credential(
+    config: &NodeConfig,
+    member: &MemberMeta,
+) -> Result<Option<ClusterCredential>, StartError> {
+    let Some(cluster) = &config.cluster else {
+        return Ok(None);
+    };
+    let of_token = ClusterCredential::of_token(&cluster.token);
+    match member.credential {
+        None => Ok(Some(of_token)),
+        Some(stored) if cluster.token_given && !stored.matches(&of_token) => {
+            Err(StartError::TokenMismatch {
+                path: config.data_dir.join("member.meta"),
+            })
+        }
+        Some(stored) => Ok(Some(stored)),
+    }
+}
+
 /// How a pristine member gets its identity.
 enum Mint<'a> {
     /// A single-member cluster: random ids.
@@ -384,10 +405,8 @@ fn load_or_create_member(
                 .into(),
         ));
     }
-    match files::read_framed(&path, files::MEMBER_MAGIC).map_err(io_error(&path))? {
-        Some(Ok(payload)) => {
-            let meta =
-                files::decode_member(&payload).map_err(|reason| invalid_data(&path, reason))?;
+    match files::read_member(&path).map_err(io_error(&path))? {
+        Some(Ok(meta)) => {
             if let Some(ids) = expected {
                 if ids.cluster_id != meta.cluster_id || ids.id_of(name) != Some(meta.member_id) {
                     tracing::warn!(
@@ -419,6 +438,7 @@ fn load_or_create_member(
                         .ok_or_else(|| cluster::ClusterConfigError::NotListed(name.to_string()))?,
                     cluster_id: ids.cluster_id,
                     name: name.to_string(),
+                    credential: None,
                 },
             };
             files::write_atomic(&path, &files::encode_member(&meta)).map_err(io_error(&path))?;
@@ -510,7 +530,13 @@ fn assemble(
 /// every member of `--initial-cluster` (the others wait to be contacted; a member that
 /// has data never initializes again). Every start of a sole voter: get leadership (it
 /// elects itself) and have the lease clock ready before serving.
-async fn bootstrap(parts: &Parts, initial: Option<&Initial>) -> Result<(), StartError> {
+///
+/// `credential` is what this member shows its peers (`cluster_credential`).
+async fn bootstrap(
+    parts: &Parts,
+    initial: Option<&Initial>,
+    credential: Option<ClusterCredential>,
+) -> Result<(), StartError> {
     let replica = &parts.replica;
     let raft = &replica.raft;
     let me = replica.member_id;
@@ -547,7 +573,7 @@ async fn bootstrap(parts: &Parts, initial: Option<&Initial>) -> Result<(), Start
             raft.initialize(members).await.map_err(|e| raft_err(&e))?;
         } else {
             tracing::info!("waiting to be contacted by the cluster's leader");
-            if let (Some((ids, _)), Some(cluster)) = (initial, &config.cluster) {
+            if let (Some((ids, _)), Some(credential)) = (initial, credential) {
                 let listed = ids
                     .members
                     .iter()
@@ -556,7 +582,7 @@ async fn bootstrap(parts: &Parts, initial: Option<&Initial>) -> Result<(), Start
                 let probe = tokio::spawn(membership::probe_while_waiting(
                     raft.clone(),
                     config.clone(),
-                    cluster.token.clone(),
+                    credential,
                     listed,
                 ));
                 parts.tasks.lock().push(probe);
@@ -617,12 +643,15 @@ fn spawn_duties(parts: &Parts) {
     )));
     let publish = tokio::spawn(publish::run(Arc::downgrade(&parts.router)));
     let removal = tokio::spawn(membership::removal_loop(Arc::downgrade(&parts.router)));
+    let adds = tokio::spawn(membership::observe_adds_loop(Arc::downgrade(
+        &parts.members,
+    )));
     let election = election::spawn(&parts.handlers.elector);
     let leaders = tokio::spawn(watch_leader_changes(Arc::downgrade(&parts.replica)));
     parts
         .tasks
         .lock()
-        .extend([ticker, quota, publish, removal, election, leaders]);
+        .extend([ticker, quota, publish, removal, adds, election, leaders]);
 }
 
 /// Counts the leader changes this member sees (`observe::LeaderSeen`), from openraft's

@@ -113,6 +113,7 @@ async fn member_main(ctx: Arc<Ctx>, i: usize) -> turmoil::Result {
             .collect(),
         state: InitialClusterState::New,
         token: "sim".into(),
+        token_given: true,
         listen_peer_addrs: vec![SocketAddr::from((Ipv4Addr::UNSPECIFIED, PEER_PORT))],
     });
     config.env = Environment {

@@ -13,6 +13,8 @@ use clap::Args;
 
 /// How often queued histogram samples are folded into their buckets (see `serve`).
 const METRICS_UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+/// `--initial-cluster-token` when none is given (etcd's is `etcd-cluster`; see docs/flags.md).
+const DEFAULT_CLUSTER_TOKEN: &str = "baton-cluster";
 
 /// The member's runtime worker count: `--worker-threads`, else one less than the cores.
 pub fn worker_threads(args: &ServeArgs) -> usize {
@@ -71,9 +73,11 @@ pub struct ServeArgs {
     /// Distinguishes clusters created from the same member list: part of every id, and peers
     /// refuse messages from another cluster. Every peer request shows a digest of it, and
     /// members hear nobody without it: without peer TLS, make it a secret (a random string) to
-    /// keep strangers who can reach the peer port out of the cluster.
-    #[arg(long, default_value = "baton-cluster")]
-    initial_cluster_token: String,
+    /// keep strangers who can reach the peer port out of the cluster [default: baton-cluster].
+    /// A member added with `member add` may be started without it: the add admits it and it
+    /// keeps the cluster's credential (ARCHITECTURE.md, "Admission by member add").
+    #[arg(long, value_name = "TOKEN")]
+    initial_cluster_token: Option<String>,
     /// Raft heartbeat interval in milliseconds.
     #[arg(long, default_value_t = 100)]
     heartbeat_interval: u64,
@@ -453,7 +457,11 @@ pub async fn serve(args: ServeArgs, warnings: Vec<String>) -> Result<()> {
                 ClusterState::New => baton_raft::InitialClusterState::New,
                 ClusterState::Existing => baton_raft::InitialClusterState::Existing,
             },
-            token: args.initial_cluster_token.clone(),
+            token: args
+                .initial_cluster_token
+                .clone()
+                .unwrap_or_else(|| DEFAULT_CLUSTER_TOKEN.to_string()),
+            token_given: args.initial_cluster_token.is_some(),
             listen_peer_addrs: peer_listen.addrs.clone(),
         }),
     };

@@ -113,12 +113,17 @@ pub enum JoinError {
          directory); remove it and add it again"
     )]
     AlreadyBootstrapped { id: u64 },
-    /// Every listed member that answered refused to tell the membership: the token differs.
+    /// Every listed member that answered refused to tell the membership: the token differs
+    /// and `member add` did not admit this member (each refusal says why, `admission`).
     #[error(
         "--initial-cluster-token: the listed members refused to tell this member the \
          membership ({0}); start it with the cluster's token"
     )]
     TokenRefused(String),
+    /// A member admitted this member by `member add` but the credential it handed over is
+    /// not one (not 32 bytes): a member of another build, or a corrupted answer.
+    #[error("the cluster credential a member answered with is malformed (not 32 bytes)")]
+    MalformedCredential,
 }
 
 /// Asked by a joining member: its advertised peer URLs, and proof that it was given the

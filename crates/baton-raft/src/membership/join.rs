@@ -53,7 +53,7 @@ pub(crate) async fn join_existing(
             .find(|(_, m)| normalize(&m.peer_urls) == own)
             .cloned()
     };
-    let (cluster_id, (id, member)) = 'found: loop {
+    let (cluster_id, (id, member), admitted) = 'found: loop {
         let mut errors = Vec::new();
         let mut answered_without_me = 0;
         let mut refused = 0;
@@ -66,12 +66,12 @@ pub(crate) async fn join_existing(
             )
             .await
             {
-                Ok((cluster_id, payload)) => match wire::decode::<JoinResponse>(&payload) {
+                Ok(asked) => match wire::decode::<JoinResponse>(&asked.payload) {
                     Ok(answer) if answer.voters.is_empty() => {
                         errors.push(format!("{url}: not initialized yet"))
                     }
                     Ok(answer) => match mine(&answer) {
-                        Some(found) => break 'found (cluster_id, found),
+                        Some(found) => break 'found (asked.cluster_id, found, asked.credential),
                         None => answered_without_me += 1,
                     },
                     Err(e) => errors.push(format!("{url}: {e}")),
@@ -101,10 +101,32 @@ pub(crate) async fn join_existing(
     if !member.name.is_empty() {
         return Err(JoinError::AlreadyBootstrapped { id }.into());
     }
+    // Admitted by `member add` (`admission`): the answer carries the cluster's credential,
+    // which this member keeps and shows from now on in place of its token's.
+    let credential = if admitted.is_empty() {
+        None
+    } else {
+        let credential =
+            ClusterCredential::from_bytes(&admitted).ok_or(JoinError::MalformedCredential)?;
+        // A token given on purpose that is not the cluster's is a mistake (a wrong secret,
+        // or the wrong cluster): refused, as on a restart (`start::cluster_credential`).
+        if config.cluster.as_ref().is_some_and(|c| c.token_given) {
+            return Err(StartError::TokenMismatch {
+                path: data_dir.join("member.meta"),
+            });
+        }
+        tracing::info!(
+            member_id = format_args!("{id:x}"),
+            "admitted by member add without --initial-cluster-token: this member keeps the \
+             cluster credential it was given in member.meta"
+        );
+        Some(credential)
+    };
     let meta = MemberMeta {
         member_id: id,
         cluster_id,
         name: config.name.clone(),
+        credential,
     };
     let path = data_dir.join("member.meta");
     files::write_atomic(&path, &files::encode_member(&meta)).map_err(io_error(&path))?;
@@ -127,10 +149,14 @@ const WAITING_PROBE_INTERVAL: Duration = Duration::from_secs(2);
 /// the leader cannot reach this member either, and nothing else would say so on this side.
 /// Each such refusal is logged at WARN once per peer until it changes. Stops once Raft is
 /// initialized (the leader got through) or shut down.
+///
+/// `credential` is what this member shows its peers: its token's, or the one it was given
+/// when `member add` admitted it (`admission`; shown with any other, the probe would be
+/// refused, and counted as a refusal, at every interval).
 pub(crate) async fn probe_while_waiting(
     raft: crate::types::Raft,
     config: NodeConfig,
-    token: String,
+    credential: ClusterCredential,
     listed_peer_urls: Vec<String>,
 ) {
     let own = normalize(&config.peer_urls);
@@ -140,7 +166,7 @@ pub(crate) async fn probe_while_waiting(
         .collect();
     let Ok(request) = wire::encode(&JoinRequest {
         peer_urls: config.peer_urls.clone(),
-        credential: ClusterCredential::of_token(&token),
+        credential,
     }) else {
         return;
     };

@@ -34,6 +34,7 @@
 //! sender, noticing removal).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -48,10 +49,12 @@ use crate::limits::REQUEST_TIMEOUT;
 use crate::routing::{Routed, Router};
 use crate::types::Member;
 
+pub(crate) mod admission;
 pub(crate) mod change;
 mod join;
 pub(crate) mod plan;
 
+use admission::{AdmissionRefusal, Admissions};
 use change::{
     member_infos, JoinRequest, JoinResponse, MemberChange, MemberChanged, MemberError,
     SenderStanding, REMOVED_MESSAGE,
@@ -74,11 +77,25 @@ pub(crate) struct Members {
     router: Arc<Router>,
     /// Started with `--initial-cluster` (a peer service runs): only then can it have peers.
     clustered: bool,
+    /// Fresh adds and the members admitted without the token's credential (`admission`).
+    admissions: Admissions,
 }
 
 impl Members {
+    /// The membership known now (the log's: a voter add that the cluster waits for is in it
+    /// before it commits) is the baseline of admission: none of its adds is fresh.
     pub(crate) fn new(router: Arc<Router>, clustered: bool) -> Members {
-        Members { router, clustered }
+        let admissions = {
+            let replica = router.replica();
+            let m = replica.raft.metrics();
+            let m = m.borrow();
+            Admissions::new(replica.member_id, m.membership_config.membership())
+        };
+        Members {
+            router,
+            clustered,
+            admissions,
+        }
     }
 
     /// Routes a change to the leader and unpacks its answer.
@@ -329,8 +346,47 @@ impl Members {
         }
     }
 
-    /// Answers a joining member (whose credential the peer service checked): the membership
-    /// as this member knows it.
+    /// Answers a joiner that did not show the cluster token's credential, if `member add`
+    /// admits it (`admission`): the membership, as [`Members::serve_join`]. The caller then
+    /// hands it the cluster's credential. `source` is the request's TCP source address
+    /// (`None`: the transport does not tell it).
+    pub(crate) async fn admit(
+        &self,
+        req: JoinRequest,
+        source: Option<SocketAddr>,
+    ) -> Result<JoinResponse, AdmissionRefusal> {
+        let membership = self
+            .router
+            .replica()
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .clone();
+        // Observed here too, not only by `observe_adds_loop`: an add made a moment ago may
+        // not have reached that task yet.
+        self.admissions.observe(&membership, Instant::now());
+        let (id, urls) = self.admissions.candidate(
+            &membership,
+            &req.peer_urls,
+            |id| self.router.active(id),
+            Instant::now(),
+        )?;
+        let from = admission::check_source(source, &urls).await?;
+        self.admissions.admit(id, Instant::now())?;
+        tracing::info!(
+            member_id = format_args!("{id:x}"),
+            peer_urls = ?urls,
+            source = %from,
+            "admitted a member added by member add without the cluster token: it is given the \
+             cluster credential"
+        );
+        Ok(self.serve_join(req))
+    }
+
+    /// Answers a joining member (whose credential the peer service checked, or that was
+    /// admitted): the membership as this member knows it.
     pub(crate) fn serve_join(&self, req: JoinRequest) -> JoinResponse {
         let m = self.router.replica().raft.metrics();
         let m = m.borrow();
@@ -342,6 +398,37 @@ impl Members {
                 .map(|(id, node)| (*id, node.clone()))
                 .collect(),
             voters: membership.voter_ids().collect(),
+        }
+    }
+}
+
+/// Notes each member added to this member's membership when it appears (`admission`: the
+/// window of an add is measured from then). Weak for the same reason as `ticker::run`.
+pub(crate) async fn observe_adds_loop(members: Weak<Members>) {
+    // openraft's server metrics change with the membership, never per request.
+    let mut metrics = match members.upgrade() {
+        Some(m) => m.router.replica().raft.server_metrics(),
+        None => return,
+    };
+    let mut seen = None;
+    loop {
+        let membership = {
+            let m = metrics.borrow_and_update();
+            let log_id = *m.membership_config.log_id();
+            (seen != Some(log_id)).then(|| {
+                seen = Some(log_id);
+                m.membership_config.membership().clone()
+            })
+        };
+        let Some(members) = members.upgrade() else {
+            return;
+        };
+        if let Some(membership) = membership {
+            members.admissions.observe(&membership, Instant::now());
+        }
+        drop(members);
+        if metrics.changed().await.is_err() {
+            return;
         }
     }
 }

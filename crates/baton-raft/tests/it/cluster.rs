@@ -40,6 +40,7 @@ fn configs(dir: &Path, n: usize) -> Vec<NodeConfig> {
                 initial_members: members.clone(),
                 state: InitialClusterState::New,
                 token: "t".into(),
+                token_given: true,
                 listen_peer_addrs: vec![peers[i]],
             });
             c

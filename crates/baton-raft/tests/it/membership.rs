@@ -28,6 +28,7 @@ fn config(dir: &Path, name: &str, members: &[InitialMember], addr: SocketAddr) -
         initial_members: members.to_vec(),
         state: InitialClusterState::New,
         token: "t".into(),
+        token_given: true,
         listen_peer_addrs: vec![addr],
     });
     c

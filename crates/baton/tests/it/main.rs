@@ -27,6 +27,7 @@ mod fencing;
 mod gateway;
 mod gateway_parity;
 mod gateway_readme;
+mod join_admission;
 mod lease_safety;
 mod leases_failover;
 mod lock_cli;

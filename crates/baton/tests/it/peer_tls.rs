@@ -167,6 +167,40 @@ async fn peer_mtls_keeps_out_every_process_without_the_peer_certificate() {
     .await;
     assert!(member.is_ok(), "{member:?}");
 
+    // Admission by `member add` does not open the TLS port to certificate holders without
+    // the token: one advertising exactly an added member's peer URLs is refused as before
+    // (behind the TLS transport the peer service sees no source address to check).
+    let added = format!("https://127.0.0.1:{}", common::free_port_below_ephemeral());
+    let peer_urls = format!("--peer-urls={added}");
+    let add = etcdctl(
+        &eps[leader],
+        &["member", "add", "m4", &peer_urls, "--learner"],
+        None,
+    );
+    assert_eq!(add.code, 0, "{add:?}");
+    let unadmitted = peer::call_on(
+        tls_channel(
+            cluster.members[leader].peer_port,
+            Some((read("server.crt"), read("server.key.insecure"))),
+        ),
+        Method::Members,
+        (0, 0, 0),
+        None,
+        peer::encode(&peer::JoinRequest {
+            peer_urls: vec![added],
+            credential: peer::cluster_credential("not the cluster's token"),
+        }),
+    )
+    .await
+    .expect_err("a joiner without the token over peer TLS");
+    assert_eq!(unadmitted.code(), tonic::Code::PermissionDenied);
+    assert!(
+        unadmitted
+            .message()
+            .contains("the request's source address is unknown to the peer service (peer TLS)"),
+        "{unadmitted:?}"
+    );
+
     // Nothing forged was written, and every member still serves reads and writes.
     for (i, ep) in eps.iter().enumerate() {
         let key = format!("after-{i}");
