@@ -484,10 +484,11 @@ impl RaftStateMachine<TypeConfig> for StateStore {
                 AnyError::error(msg),
             ))
         };
-        // Nothing applied since the snapshot was taken or loaded (openraft asks for it when
-        // it starts, for its meta): the state in memory is the snapshot's, and encoding a
-        // copy of it (O(1) for the key store) spares reading the file back and importing
-        // its key space a second time.
+        // Nothing applied since the snapshot was taken or loaded: the state in memory is the
+        // snapshot's, and encoding a copy of it (O(1) for the key store) spares reading the
+        // file back and importing its key space a second time. (openraft 0.9 asks for it
+        // at every start, for its meta, but only after re-applying the committed log tail,
+        // so a start with a tail still reads the file.)
         let unchanged = {
             let st = self.shared.state.read();
             (st.last_applied == meta.last_log_id).then(|| st.sm.clone())
