@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::auth::{AuthCommand, AuthError, AuthInfo, AuthResponse};
 use crate::fencing_keys::{FencingKeyId, FencingKeyMode, FencingPublicKey, FencingSecret};
+use crate::mvcc::VERSION_OVERHEAD_BYTES;
 use crate::types::{
     CommandIndex, Event, FencingToken, KeyRange, KeyValue, LeaseId, Revision, Term,
 };
@@ -227,6 +228,28 @@ impl Command {
         }
     }
 
+    /// The bytes applying this command may add to the state's size estimate
+    /// (`StateMachine::approximate_size_bytes`), judged from the request alone: the quota
+    /// refuses a write when the store's size plus this reaches `--quota-backend-bytes`, as
+    /// etcd's `backendQuota.Available` refuses `size + cost >= quota`. A put costs a version
+    /// (key, value and the per-version overhead); a txn its costlier branch (nested txns
+    /// likewise), as etcd's `costTxn`; a lease or lock entry, or anything else that adds
+    /// data, the per-version overhead plus its key. 0 for what adds no data.
+    pub fn quota_cost_bytes(&self) -> u64 {
+        if !self.adds_data() {
+            return 0;
+        }
+        match self.innermost() {
+            Command::Put(p) => put_cost(p),
+            Command::Txn(t) => txn_cost(t),
+            Command::LockEnqueue { name, value, .. } => {
+                // The waiter's key (the name plus a lease suffix) and its value.
+                name.len() as u64 + 17 + value.len() as u64 + VERSION_OVERHEAD_BYTES
+            }
+            _ => VERSION_OVERHEAD_BYTES,
+        }
+    }
+
     /// The command inside any `Deduplicated`/`Authorized` wrappers. A loop, not recursion:
     /// a sender chooses the nesting depth (see `baton_raft::origin`), and this runs before
     /// anything validates it.
@@ -287,6 +310,60 @@ fn txn_writes(t: &TxnRequest) -> bool {
 }
 
 /// Whether either branch of `t` (or of a txn nested in it) holds a put.
+fn put_cost(p: &PutRequest) -> u64 {
+    p.key.len() as u64 + p.value.len() as u64 + VERSION_OVERHEAD_BYTES
+}
+
+/// A txn's quota cost: its costlier branch (one of them runs), nested txns likewise. An
+/// explicit stack, not recursion: the nesting depth is the sender's choice and this runs
+/// before validation.
+fn txn_cost(root: &TxnRequest) -> u64 {
+    enum Step<'a> {
+        Enter(&'a TxnRequest),
+        Exit(&'a TxnRequest),
+    }
+    fn nested(ops: &[RequestOp]) -> impl DoubleEndedIterator<Item = &TxnRequest> {
+        ops.iter().filter_map(|op| match op {
+            RequestOp::Txn(t) => Some(t),
+            _ => None,
+        })
+    }
+    fn puts(ops: &[RequestOp]) -> u64 {
+        ops.iter()
+            .map(|op| match op {
+                RequestOp::Put(p) => put_cost(p),
+                _ => 0,
+            })
+            .fold(0, u64::saturating_add)
+    }
+    // The costs of evaluated txns, in evaluation order: a txn's nested ones (success's,
+    // then failure's) are evaluated, and their costs pushed, before its own `Exit`.
+    let mut costs: Vec<u64> = Vec::new();
+    let mut steps = vec![Step::Enter(root)];
+    while let Some(step) = steps.pop() {
+        match step {
+            Step::Enter(t) => {
+                steps.push(Step::Exit(t));
+                let children = nested(&t.success).chain(nested(&t.failure));
+                steps.extend(children.rev().map(Step::Enter));
+            }
+            Step::Exit(t) => {
+                let in_success = nested(&t.success).count();
+                let in_failure = nested(&t.failure).count();
+                let first = costs.len() - in_success - in_failure;
+                let sum = |c: &[u64]| c.iter().copied().fold(0, u64::saturating_add);
+                let success =
+                    puts(&t.success).saturating_add(sum(&costs[first..first + in_success]));
+                let failure = puts(&t.failure).saturating_add(sum(&costs[first + in_success..]));
+                costs.truncate(first);
+                costs.push(success.max(failure));
+            }
+        }
+    }
+    debug_assert_eq!(costs.len(), 1, "one cost left: the root's");
+    costs.pop().unwrap_or(0)
+}
+
 fn txn_puts(t: &TxnRequest) -> bool {
     t.success.iter().chain(&t.failure).any(|op| match op {
         RequestOp::Put(_) => true,
@@ -679,5 +756,83 @@ mod tests {
             [1, 0, 0, 0]
         );
         assert_eq!(tag(&KvError::Corrupt), 27);
+    }
+
+    fn put(key: &str, value_len: usize) -> PutRequest {
+        PutRequest {
+            key: key.as_bytes().to_vec(),
+            value: vec![b'v'; value_len],
+            ..PutRequest::default()
+        }
+    }
+
+    #[test]
+    fn quota_cost_counts_a_put_and_the_costlier_branch_of_a_txn() {
+        let one = 3 + 100 + VERSION_OVERHEAD_BYTES;
+        assert_eq!(Command::Put(put("abc", 100)).quota_cost_bytes(), one);
+        // Wrappers do not change the cost.
+        let wrapped = Command::Deduplicated {
+            client_id: 1,
+            sequence: 1,
+            acknowledged_below: 0,
+            command: Box::new(Command::Put(put("abc", 100))),
+        };
+        assert_eq!(wrapped.quota_cost_bytes(), one);
+        // success: one put and a nested txn whose failure branch puts twice; failure: one
+        // put. The nested txn costs its costlier branch (two puts), so success costs three.
+        let nested = TxnRequest {
+            compare: vec![],
+            success: vec![RequestOp::Put(put("abc", 100))],
+            failure: vec![
+                RequestOp::Put(put("abc", 100)),
+                RequestOp::Put(put("abc", 100)),
+            ],
+        };
+        let txn = TxnRequest {
+            compare: vec![],
+            success: vec![RequestOp::Put(put("abc", 100)), RequestOp::Txn(nested)],
+            failure: vec![RequestOp::Put(put("abc", 100))],
+        };
+        assert_eq!(Command::Txn(txn).quota_cost_bytes(), 3 * one);
+        // What adds no data costs nothing; a lease grant its overhead.
+        assert_eq!(
+            Command::Compact {
+                revision: Revision(5)
+            }
+            .quota_cost_bytes(),
+            0
+        );
+        let grant = Command::LeaseGrant {
+            id: LeaseId(7),
+            ttl_s: 10,
+        };
+        assert_eq!(grant.quota_cost_bytes(), VERSION_OVERHEAD_BYTES);
+    }
+
+    #[test]
+    fn quota_cost_of_a_deep_txn_needs_no_deep_stack() {
+        let mut txn = TxnRequest {
+            compare: vec![],
+            success: vec![RequestOp::Put(put("k", 1))],
+            failure: vec![],
+        };
+        for _ in 0..100_000 {
+            txn = TxnRequest {
+                compare: vec![],
+                success: vec![],
+                failure: vec![RequestOp::Txn(txn)],
+            };
+        }
+        let cost = txn_cost(&txn);
+        assert_eq!(cost, 1 + 1 + VERSION_OVERHEAD_BYTES);
+        // Dropping 100,000 nested boxes recursively would need the deep stack this test
+        // is about; take them apart one level at a time.
+        let mut next = Some(txn);
+        while let Some(mut t) = next.take() {
+            next = match t.failure.pop() {
+                Some(RequestOp::Txn(inner)) => Some(inner),
+                _ => None,
+            };
+        }
     }
 }

@@ -140,9 +140,19 @@ impl DiskWatch {
         };
         let cost = started.elapsed();
         *self.quota_next.lock() = Instant::now() + (cost * QUOTA_CHECK_COST_FACTOR).max(LEASE_TICK);
-        let over = space::over_quota(size, quota);
+        let refused_a_write = space.take_write_refused_for_quota();
+        let over = space::over_quota(size, quota) || refused_a_write;
         if space.set_over_quota(over, compacted, size.saturating_sub(kv)) != over {
-            if over {
+            if refused_a_write {
+                tracing::warn!(
+                    size_bytes = size,
+                    quota_bytes = ?quota,
+                    "a write would have taken the store to the backend quota \
+                     (--quota-backend-bytes): refused it, raising NOSPACE; writes that add data \
+                     are refused until an operator compacts, defragments and runs \
+                     `etcdctl alarm disarm`"
+                );
+            } else if over {
                 tracing::warn!(
                     size_bytes = size,
                     quota_bytes = ?quota,

@@ -191,7 +191,8 @@ impl Replica {
     }
 
     /// Refuses a command that adds data while this member's space is low, its state is over
-    /// the quota or a `NOSPACE` alarm is applied, before it costs a log entry: the
+    /// the quota (or would be with this command, as etcd judges `size + cost`) or a `NOSPACE`
+    /// alarm is applied, before it costs a log entry: the
     /// apply-time refusal (`StateMachine::apply`) only covers what was proposed before the
     /// alarm, and a log that cannot grow could not take the entry anyway.
     pub(crate) fn refuse_without_space(&self, command: &Command) -> Result<(), ProposeError> {
@@ -199,7 +200,9 @@ impl Replica {
             let space = &self.shared.space;
             let refused = space.is_low() || {
                 let st = self.shared.state.read();
-                st.sm.no_space() || space.over_quota_at(st.sm.compact_revision().0)
+                st.sm.no_space()
+                    || space.over_quota_at(st.sm.compact_revision().0)
+                    || space.would_exceed(st.sm.kv_size_bytes(), command.quota_cost_bytes())
             };
             if refused {
                 return Err(ProposeError::NoSpace);

@@ -117,8 +117,9 @@ pub(crate) fn judge(free: Option<u64>, reserve: u64, was_low: bool, blocked: boo
 }
 
 /// Whether a state of `size` bytes (the core's estimate) is over `quota` (`None`: none).
-/// etcd refuses a write when `size + cost >= quota`; here the write was applied, so the
-/// size reaching the quota is what raises the alarm.
+/// etcd refuses a write when `size + cost >= quota`: [`Space::would_exceed`] makes that
+/// judgement before a write is proposed; this one, after applies, catches what several
+/// writes in flight together added (each judged alone before any was applied).
 pub(crate) fn over_quota(size: u64, quota: Option<u64>) -> bool {
     quota.is_some_and(|q| size >= q)
 }
@@ -163,8 +164,14 @@ pub(crate) struct Space {
     /// fences), added to the key space's `O(1)` size after every apply ([`Space::near_quota`]).
     rest_bytes: AtomicU64,
     /// Wakes the quota check at once when an apply takes the store over the quota, so every
-    /// member raises its alarm right after applying the write that crossed it, as etcd's.
+    /// member raises its alarm right after applying the write that crossed it, as etcd's
+    /// (and when a write was refused for the quota before it was proposed).
     pub(crate) quota_wake: tokio::sync::Notify,
+    /// A write was refused since the last quota judgement because it would have taken the
+    /// store to the quota ([`Space::would_exceed`]): the next judgement raises `NOSPACE`
+    /// though the store itself is under the quota, as etcd's `quotaAlarmer` raises it on the
+    /// first write it refuses.
+    write_refused_for_quota: AtomicBool,
     /// Measure free space with statvfs (not with an injected disk).
     measure: bool,
     /// Free bytes at the last measurement (`u64::MAX`: not measured).
@@ -183,6 +190,7 @@ impl Space {
             reserve,
             quota,
             over_quota: AtomicBool::new(false),
+            write_refused_for_quota: AtomicBool::new(false),
             judged_at_compaction: AtomicI64::new(0),
             rest_bytes: AtomicU64::new(0),
             quota_wake: tokio::sync::Notify::new(),
@@ -241,6 +249,28 @@ impl Space {
         self.over_quota.swap(over, Ordering::AcqRel)
     }
 
+    /// Before a write is proposed: whether a key space of `kv_bytes` (plus the rest as last
+    /// measured) and the write's `cost` would reach the quota — etcd's
+    /// `backendQuota.Available` (`size + cost < quota`) negated. When it would, the write is
+    /// refused and the quota check woken to raise `NOSPACE` (see
+    /// [`Space::take_write_refused_for_quota`]).
+    pub(crate) fn would_exceed(&self, kv_bytes: u64, cost: u64) -> bool {
+        let size = kv_bytes
+            .saturating_add(self.rest_bytes.load(Ordering::Relaxed))
+            .saturating_add(cost);
+        if !over_quota(size, self.quota) {
+            return false;
+        }
+        self.write_refused_for_quota.store(true, Ordering::Release);
+        self.quota_wake.notify_one();
+        true
+    }
+
+    /// Whether a write was refused for the quota since the last call.
+    pub(crate) fn take_write_refused_for_quota(&self) -> bool {
+        self.write_refused_for_quota.swap(false, Ordering::AcqRel)
+    }
+
     /// After an apply: whether a key space of `kv_bytes` (plus the rest as last measured)
     /// reaches the quota while the last judgement said it did not — then the quota check
     /// should run now rather than at the next tick.
@@ -288,6 +318,20 @@ mod tests {
         assert!(over_quota(100, Some(100)));
         assert!(over_quota(u64::MAX, Some(100)));
         assert!(!over_quota(u64::MAX, None));
+    }
+
+    #[test]
+    fn a_write_that_would_reach_the_quota_is_refused_once_and_noted_for_the_alarm() {
+        let space = Space::new(0, Some(1000), false);
+        space.set_over_quota(false, 1, 100); // 100 bytes of leases, locks and fences
+        assert!(!space.would_exceed(800, 99)); // 999 < 1000, as etcd's `Available`
+        assert!(!space.take_write_refused_for_quota());
+        assert!(space.would_exceed(800, 100)); // 1000: refused
+        assert!(space.take_write_refused_for_quota());
+        assert!(!space.take_write_refused_for_quota(), "taken once");
+        // No quota: nothing is refused.
+        let unbounded = Space::new(0, None, false);
+        assert!(!unbounded.would_exceed(u64::MAX, u64::MAX));
     }
 
     #[test]
