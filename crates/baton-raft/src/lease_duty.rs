@@ -141,9 +141,10 @@ impl LeaseDuty {
         &self,
         lease: LeaseId,
     ) -> Result<GrantCheck, ProposeError> {
-        // A round that started after this check arrived confirms leadership as one of its
-        // own would; concurrent checks (a follower's batch, many locks) share it.
-        let read_index = self.reads.shared_local().await?;
+        // Leadership confirmed within the last heartbeat interval (the lease keep-alives rely
+        // on), else by a round that started after this check arrived, shared by concurrent
+        // checks (a follower's batch, many locks): see `ReadIndex::leased_local`.
+        let read_index = self.reads.leased_local().await?;
         let shared = &self.replica.shared;
         let exists = shared.state.read().sm.lease_exists(lease);
         let lease_alive = exists

@@ -55,6 +55,7 @@ mod config;
 mod credential;
 mod deletions;
 mod disk_watch;
+mod early_append;
 mod election;
 mod env;
 mod error;

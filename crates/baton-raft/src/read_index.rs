@@ -135,8 +135,12 @@ impl ReadIndex {
             .transfer
             .wait(Instant::now() + REQUEST_TIMEOUT)
             .await;
+        // The round's heartbeats leave after this: a quorum that answers them confirmed this
+        // member's leadership at least as late as now.
+        let started = Instant::now();
         // openraft 0.9 restores a restarted leader as leader at once (same term, no new
-        // blank entry) and then answers `max(its first entry of the term, committed)`, where
+        // blank entry; Baton no longer lets it, see `wal::recovery::as_restarted`, but the
+        // floor stays cheap insurance) and then answers `max(its first entry of the term, committed)`, where
         // `committed` is what it recovered from disk: it can lag entries that were committed
         // (and acknowledged) before the crash, and a read at that index is stale (found by
         // baton-sim, seeds 42 and 78). Every committed entry is in the leader's log, so
@@ -155,16 +159,8 @@ impl ReadIndex {
             match tokio::time::timeout(remaining, replica.raft.get_read_log_id()).await {
                 Err(_) => return Err(ProposeError::Timeout),
                 Ok(Ok((read_log_id, _))) => {
-                    let floor = {
-                        let mut f = self.floor.lock();
-                        match *f {
-                            Some((t, index)) if t == term => index,
-                            _ => {
-                                *f = Some((term, last_log_index));
-                                last_log_index
-                            }
-                        }
-                    };
+                    self.confirm(term, started);
+                    let floor = self.floor(term, last_log_index);
                     return Ok(read_log_id.map_or(0, |l| l.index).max(floor));
                 }
                 Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)))) => {
@@ -187,6 +183,76 @@ impl ReadIndex {
         }
     }
 
+    /// The read floor of `term` (see [`ReadIndex::local`]), set to `last_log_index` by the
+    /// first read of the term.
+    fn floor(&self, term: u64, last_log_index: u64) -> u64 {
+        let mut f = self.floor.lock();
+        match *f {
+            Some((t, index)) if t == term => index,
+            _ => {
+                *f = Some((term, last_log_index));
+                last_log_index
+            }
+        }
+    }
+
+    /// Records a quorum's confirmation of this member's leadership in `term`, as of `at`
+    /// (kept only if newer than the one held).
+    fn confirm(&self, term: u64, at: Instant) {
+        let mut c = self.confirmed.lock();
+        if !c.is_some_and(|(t, held)| t == term && held >= at) {
+            *c = Some((term, at));
+        }
+    }
+
+    /// Whether a quorum confirmed this member's leadership in the current term within the
+    /// last heartbeat interval.
+    fn confirmed_recently(&self) -> bool {
+        let replica = &self.replica;
+        let term = replica.raft.metrics().borrow().current_term;
+        self.confirmed
+            .lock()
+            .is_some_and(|(t, at)| t == term && at.elapsed() < replica.config.heartbeat_interval)
+    }
+
+    /// The leader's half of a lock grant check: the index [`ReadIndex::shared_local`] would
+    /// answer, without its round of heartbeats while a quorum confirmed this member's
+    /// leadership within the last heartbeat interval (the lease keep-alives rely on, see
+    /// [`ReadIndex::ensure_leadership`]); otherwise a shared round, which renews it.
+    ///
+    /// Why: a contended lock is handed over once per release, and the next waiter's grant
+    /// waited for a heartbeat exchange with a quorum each time — the slowest step of a
+    /// handoff in a cluster (issue 19). Correctness: followers that answered a heartbeat
+    /// refuse to vote for anyone else for their election timeout (openraft's leader lease),
+    /// several heartbeat intervals, so no other leader can have committed anything since; and
+    /// every entry whose effect anyone has seen was saved as committed before it was applied
+    /// (openraft saves the committed id, then applies), so the committed id saved in the log
+    /// covers it. The term's read floor applies as in [`ReadIndex::local`].
+    pub(crate) async fn leased_local(self: &Arc<Self>) -> Result<u64, ProposeError> {
+        let replica = &self.replica;
+        replica.check_running()?;
+        if !self.confirmed_recently() || replica.transfer.is_closed() {
+            metrics::counter!("baton_lock_grant_checks_total", "confirmed_by" => "round")
+                .increment(1);
+            return self.shared_local().await;
+        }
+        let (term, last_log_index, leading) = {
+            let m = replica.raft.metrics();
+            let m = m.borrow();
+            (
+                m.current_term,
+                m.last_log_index.unwrap_or(0),
+                m.current_leader == Some(replica.member_id),
+            )
+        };
+        if !leading {
+            return self.shared_local().await;
+        }
+        metrics::counter!("baton_lock_grant_checks_total", "confirmed_by" => "lease").increment(1);
+        let committed = replica.wal.committed_index();
+        Ok(committed.max(self.floor(term, last_log_index)))
+    }
+
     /// Returns once a quorum has confirmed this member's leadership within the last
     /// heartbeat interval (etcd's `ensureLeadership`): at most one round per interval,
     /// however many callers (see `lease_duty::LeaseDuty::keep_alive_confirmed`).
@@ -205,10 +271,7 @@ impl ReadIndex {
         if fresh() {
             return Ok(());
         }
-        let started = Instant::now();
-        let term = replica.raft.metrics().borrow().current_term;
         self.local().await?;
-        *self.confirmed.lock() = Some((term, started));
         Ok(())
     }
 }

@@ -16,6 +16,7 @@ use crate::cluster::{self, DerivedIds, InitialClusterState};
 use crate::config::{ElectionTiming, NodeConfig};
 use crate::credential::ClusterCredential;
 use crate::disk_watch::DiskWatch;
+use crate::early_append::EarlyAppend;
 use crate::election::{self, Elector};
 use crate::error::{invalid_data, io_error, StartError};
 use crate::fencing_duty::FencingKeyDuty;
@@ -148,6 +149,8 @@ impl Node {
             credential,
             config.env.transport.clone(),
         ));
+        let early = EarlyAppend::new(member.member_id, peers.clone());
+        log_store.send_appends_early(early.clone());
         let raft = match Raft::new(
             member.member_id,
             Arc::new(raft_config),
@@ -168,6 +171,7 @@ impl Node {
             }
         };
 
+        early.bind(raft.metrics());
         let shutting_down = Arc::new(AtomicBool::new(false));
         let (proposer, proposer_task) = Proposer::spawn(
             raft.clone(),

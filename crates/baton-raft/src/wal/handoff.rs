@@ -100,8 +100,15 @@ pub(super) struct WriterStopped;
 
 impl Sink {
     pub(super) fn send(&self, op: Op) -> Result<(), WriterStopped> {
+        self.send_with(op, true)
+    }
+
+    /// [`Sink::send`], but never inline when `inline_ok` is false: the leader's append whose
+    /// entries are on their way to the followers (`early_append`) leaves the runtime worker
+    /// free to send them while the writer thread fsyncs.
+    pub(super) fn send_with(&self, op: Op, inline_ok: bool) -> Result<(), WriterStopped> {
         let shared = &self.shared;
-        if shared.inline_allowed(&op) {
+        if inline_ok && shared.inline_allowed(&op) {
             let mut guard = shared.writer.lock();
             if shared.queued.load(Ordering::Acquire) == 0 {
                 let w = guard.as_mut().ok_or(WriterStopped)?;

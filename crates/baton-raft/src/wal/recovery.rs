@@ -30,12 +30,36 @@ use super::store::{LogStore, WalHandle};
 use super::writer::{WalStats, Writer};
 use crate::env::LogDisk;
 use crate::files::{self, VOTE_MAGIC};
+use crate::types::Vote;
 use crate::StartError;
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StartError + '_ {
     move |source| StartError::Io {
         path: path.to_path_buf(),
         source,
+    }
+}
+
+/// The vote a member restarts with: a committed vote comes back uncommitted. A leader thus
+/// starts as a follower of its own term and leads again only after a new election (a higher
+/// term, a blank entry first) — as etcd's restarted leader does — instead of resuming at once
+/// as openraft 0.9 would.
+///
+/// Why: a leader sends its last entries to followers before they are durable in its own log
+/// (`early_append`), so entries it lost in a crash may sit on followers under its term.
+/// Leading that term again, it would write different entries under the same log ids, and
+/// Raft's log matching would take the two logs for one: the followers would keep and apply
+/// the old entries, the leader the new ones (baton-sim seed 127 found it). A follower's
+/// vote, uncommitted, changes nothing but that it learns its leader from the leader's next
+/// message (a committed vote of the same leader outranks it).
+fn as_restarted(vote: Vote) -> Vote {
+    if vote.is_committed() {
+        Vote {
+            committed: false,
+            ..vote
+        }
+    } else {
+        vote
     }
 }
 
@@ -67,7 +91,7 @@ pub(crate) fn recover(raft_dir: &Path) -> Result<Recovered, StartError> {
             offset: 0,
             reason: format!("undecodable vote: {e}"),
         })?;
-        mem.vote = Some(vote);
+        mem.vote = Some(as_restarted(vote));
     }
 
     let gens = list_generations(&wal_dir).map_err(io_err(&wal_dir))?;
@@ -237,6 +261,7 @@ pub(crate) fn open(
         file_bytes: rec.file_len,
         durable,
         unwritten_committed: None,
+        early: None,
     };
     Ok((
         store,

@@ -25,6 +25,7 @@ use super::index::{encode_entries, MemLog, CACHE_BYTES};
 use super::reader::fetch;
 use super::record::{encode_record, entry_size, RecordRef};
 use super::writer::{Durable, Op, WalStats};
+use crate::early_append::EarlyAppend;
 use crate::files::{self, VOTE_MAGIC};
 use crate::types::{LogId, RaftEntry, StorageError, TypeConfig, Vote};
 
@@ -118,6 +119,9 @@ pub(crate) struct LogStore {
     /// applies less before the first election), so it is written in front of the next record
     /// and at shutdown ([`WalHandle::stop`]) instead.
     pub(super) unwritten_committed: Option<Option<LogId>>,
+    /// Sends the leader's appends to followers in parallel with its own fsync (see
+    /// `early_append`); `None` in tests of the log alone.
+    pub(super) early: Option<Arc<EarlyAppend>>,
 }
 
 impl From<WriterStopped> for StorageError {
@@ -127,6 +131,11 @@ impl From<WriterStopped> for StorageError {
 }
 
 impl LogStore {
+    /// Makes the leader's appends go to its followers as they are queued (`early_append`).
+    pub(crate) fn send_appends_early(&mut self, early: Arc<EarlyAppend>) {
+        self.early = Some(early);
+    }
+
     /// Puts the latest committed id, if it changed since it was last written, in front of the
     /// record about to be queued.
     fn encode_unwritten_committed(&mut self, out: &mut Vec<u8>) {
@@ -136,8 +145,12 @@ impl LogStore {
     }
 
     fn send(&mut self, op: Op) -> Result<(), WriterStopped> {
+        self.send_with(op, true)
+    }
+
+    fn send_with(&mut self, op: Op, inline_ok: bool) -> Result<(), WriterStopped> {
         self.file_bytes += op.len() as u64;
-        self.sink.send(op)
+        self.sink.send_with(op, inline_ok)
     }
 
     fn record(&mut self, rec: RecordRef<'_>) -> Result<(), LogError> {
@@ -153,6 +166,17 @@ impl LogStore {
         &mut self,
         entries: Vec<RaftEntry>,
         callback: Option<LogFlushed<TypeConfig>>,
+    ) -> Result<(), LogError> {
+        self.append_entries_with(entries, callback, true)
+    }
+
+    /// [`LogStore::append_entries`]; `inline_ok: false` keeps the write off the calling task
+    /// (see `Sink::send_with`).
+    fn append_entries_with(
+        &mut self,
+        entries: Vec<RaftEntry>,
+        callback: Option<LogFlushed<TypeConfig>>,
+        inline_ok: bool,
     ) -> Result<(), LogError> {
         if entries.is_empty() {
             if let Some(callback) = callback {
@@ -181,11 +205,14 @@ impl LogStore {
             .write()
             .append(located, true)
             .map_err(LogError::Write)?;
-        self.send(Op::Append {
-            bytes,
-            entries: n,
-            done: callback,
-        })?;
+        self.send_with(
+            Op::Append {
+                bytes,
+                entries: n,
+                done: callback,
+            },
+            inline_ok,
+        )?;
         self.maybe_rewrite()?;
         self.evict();
         Ok(())
@@ -357,7 +384,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = RaftEntry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        Ok(self.append_entries(entries.into_iter().collect(), Some(callback))?)
+        let entries: Vec<RaftEntry> = entries.into_iter().collect();
+        let sent_early = self.early.as_ref().is_some_and(|early| {
+            let (vote, prev, committed) = {
+                let mem = self.mem.read();
+                (mem.vote, mem.last_log_id(), mem.committed)
+            };
+            early.offer(vote, prev, &entries, committed)
+        });
+        // Entries on their way to followers: the fsync goes to the writer thread so this
+        // runtime worker (often the only one) sends them meanwhile instead of blocking in it.
+        Ok(self.append_entries_with(entries, Some(callback), !sent_early)?)
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {

@@ -2,14 +2,19 @@
 //! from `--initial-cluster`-style config, followers routing proposals, read indexes and lease
 //! calls to the leader, published member attributes, and a new leader after the old one stops.
 
+use std::fs::{File, OpenOptions};
+use std::io;
 use std::net::{SocketAddr, TcpListener};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use baton_core::{Command, KeyRange, LeaseId, PutRequest, RangeRequest, Response};
 use baton_raft::{
-    ClusterConfig, InitialClusterState, InitialMember, JoinError, KeepAlive, Node, NodeConfig,
-    StartError,
+    ClusterConfig, InitialClusterState, InitialMember, JoinError, KeepAlive, LogDisk, LogFile,
+    Node, NodeConfig, StartError,
 };
 
 fn free_addr() -> SocketAddr {
@@ -184,6 +189,118 @@ async fn followers_route_to_the_leader() {
         .await
         .expect("write after failover");
     assert_eq!(get(follower, "after").as_deref(), Some(&b"x"[..]));
+    for n in &nodes {
+        n.shutdown().await;
+    }
+}
+
+/// A real file under the log writer whose batches wait `slow_ms` first, and whose syncs
+/// report that long (so small appends stop running inline, as on a slow real disk).
+struct SlowableDisk {
+    slow_ms: Arc<AtomicU64>,
+}
+
+struct SlowableFile {
+    file: File,
+    slow_ms: Arc<AtomicU64>,
+}
+
+impl LogDisk for SlowableDisk {
+    fn open(&self, path: &Path, _durable: u64) -> io::Result<Box<dyn LogFile>> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        Ok(Box::new(SlowableFile {
+            file,
+            slow_ms: self.slow_ms.clone(),
+        }))
+    }
+
+    fn latency(&self) -> Duration {
+        Duration::from_millis(self.slow_ms.load(Ordering::Relaxed))
+    }
+}
+
+impl LogFile for SlowableFile {
+    fn file_len(&self) -> io::Result<u64> {
+        Ok(self.file.metadata()?.len())
+    }
+
+    fn allocate(&mut self, offset: u64, len: u64) -> io::Result<()> {
+        if offset + len > self.file_len()? {
+            self.file.set_len(offset + len)?;
+        }
+        Ok(())
+    }
+
+    fn write_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.file.write_all_at(buf, offset)
+    }
+
+    fn sync(&mut self) -> io::Result<Duration> {
+        self.file.sync_data()?;
+        Ok(Duration::from_millis(self.slow_ms.load(Ordering::Relaxed)))
+    }
+}
+
+/// The leader writes its log in parallel with replicating it (baton-raft `early_append`):
+/// with the leader's disk 400 ms slow and the followers' quick, both followers hold a new
+/// entry long before the leader's write of it is durable and the write is acknowledged.
+/// openraft 0.9 alone sends AppendEntries only after the leader's own flush, so the
+/// followers would see the entry no sooner than 400 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn followers_get_entries_while_the_leader_still_writes_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cfgs = configs(tmp.path(), 3);
+    let slow: Vec<Arc<AtomicU64>> = (0..3).map(|_| Arc::new(AtomicU64::new(0))).collect();
+    for (c, s) in cfgs.iter_mut().zip(&slow) {
+        c.env.disk = Some(Arc::new(SlowableDisk { slow_ms: s.clone() }));
+    }
+    let mut nodes = Vec::new();
+    for c in cfgs {
+        nodes.push(Node::start(c).await.expect("start"));
+    }
+    let refs: Vec<&Node> = nodes.iter().collect();
+    let leader = leader_of(&refs).await;
+    let followers: Vec<&Node> = (0..3).filter(|i| *i != leader).map(|i| &nodes[i]).collect();
+    // Replication to both followers is under way (the leader knows where each stands).
+    nodes[leader].propose(put("warm", "1")).await.unwrap();
+    let caught_up = Instant::now() + Duration::from_secs(10);
+    while followers
+        .iter()
+        .any(|f| f.status().last_log_index < nodes[leader].status().last_log_index)
+    {
+        assert!(Instant::now() < caught_up, "followers never caught up");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    slow[leader].store(400, Ordering::Relaxed);
+    let before = nodes[leader].status().last_log_index;
+    let started = Instant::now();
+    let followers_have_it = async {
+        loop {
+            if followers.iter().all(|f| f.status().last_log_index > before) {
+                return started.elapsed();
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    };
+    let (written, seen) = tokio::join!(nodes[leader].propose(put("k", "v")), followers_have_it);
+    let acknowledged = started.elapsed();
+    written.expect("the write commits");
+    assert!(
+        acknowledged >= Duration::from_millis(400),
+        "the leader's slow disk did not hold its write back ({acknowledged:?})"
+    );
+    assert!(
+        seen < Duration::from_millis(200),
+        "followers held the entry after {seen:?}; the write was acknowledged after \
+         {acknowledged:?}"
+    );
+    assert_eq!(get(&nodes[leader], "k").as_deref(), Some(&b"v"[..]));
     for n in &nodes {
         n.shutdown().await;
     }

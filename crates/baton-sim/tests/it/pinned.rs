@@ -32,6 +32,18 @@ fn seed_78_stale_read_after_whole_cluster_restart() {
     assert_passes(SimConfig::new(78));
 }
 
+/// Two logs under one log id: with the leader's appends sent to followers before its own
+/// fsync (baton-raft `early_append.rs`), a leader crashed with entries on followers that it
+/// had not made durable, restarted as leader of the same term (openraft 0.9 resumes a
+/// committed vote of its own) and wrote different entries at those indexes; followers took
+/// them for the ones they held and applied the old ones (a put acknowledged at revision 88
+/// was read back at 89). Fixed by restarting a leader as a follower
+/// (baton-raft `wal/recovery.rs as_restarted`).
+#[test]
+fn seed_127_a_restarted_leader_does_not_reuse_its_term() {
+    assert_passes(SimConfig::new(127));
+}
+
 /// Replicas were compared while one had not yet applied the last entry (a false alarm of
 /// the harness, fixed by comparing them at a quiet moment).
 #[test]
