@@ -19,8 +19,8 @@ pub struct ExactlyOnceService {
     pub(crate) shared: Shared,
 }
 
-/// A de-duplicated answer: the wrapped command's response, the header of its first
-/// application, and whether this was a replay.
+/// A de-duplicated answer: the wrapped command's response, a header with the revision of
+/// its first application (and the term of this answer), and whether this was a replay.
 struct Answer {
     response: Response,
     header: etcd::ResponseHeader,
