@@ -22,14 +22,12 @@
 //! index, commit). An early request that is lost, late or reordered costs nothing but the
 //! bytes. The simulation runs with it on every seed.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use openraft::raft::AppendEntriesRequest;
 use openraft::{EntryPayload, RaftMetrics};
-use parking_lot::Mutex;
 
 use crate::network::{Method, Peers};
 use crate::types::{LogId, Member, RaftEntry, TypeConfig, Vote};
@@ -56,7 +54,6 @@ pub(crate) struct EarlyAppend {
     /// openraft's metrics: whether this member leads, its replication targets and how far
     /// each has matched, and the members' addresses. Set once Raft runs ([`EarlyAppend::bind`]).
     metrics: OnceLock<Metrics>,
-    in_flight: Mutex<HashMap<u64, Arc<AtomicUsize>>>,
 }
 
 impl EarlyAppend {
@@ -65,7 +62,6 @@ impl EarlyAppend {
             me,
             peers,
             metrics: OnceLock::new(),
-            in_flight: Mutex::new(HashMap::new()),
         })
     }
 
@@ -140,7 +136,7 @@ impl EarlyAppend {
         };
         let mut sent = false;
         for (target, node) in targets {
-            let counter = self.in_flight.lock().entry(target).or_default().clone();
+            let counter = self.peers.early_slots(target);
             if counter.fetch_add(1, Ordering::AcqRel) >= MAX_IN_FLIGHT_PER_PEER {
                 counter.fetch_sub(1, Ordering::AcqRel);
                 metrics::counter!("baton_raft_early_appends_total", "outcome" => "skipped")

@@ -9,6 +9,7 @@
 //! backs off (`backoff`) instead of retrying in a loop.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -158,6 +159,8 @@ pub(crate) struct Peers {
     explained: Mutex<HashMap<u64, String>>,
     /// Traffic per peer (shared with the peer service).
     pub(crate) meters: Arc<PeerMeters>,
+    /// Per peer, the leader's early AppendEntries in flight (`early_append`).
+    early_in_flight: Mutex<HashMap<u64, Arc<AtomicUsize>>>,
 }
 
 impl Peers {
@@ -181,7 +184,26 @@ impl Peers {
             format_reported: Mutex::new(HashMap::new()),
             explained: Mutex::new(HashMap::new()),
             meters: Arc::new(PeerMeters::default()),
+            early_in_flight: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The count of early AppendEntries in flight to `target` (`early_append` keeps it).
+    pub(crate) fn early_slots(&self, target: u64) -> Arc<AtomicUsize> {
+        self.early_in_flight
+            .lock()
+            .entry(target)
+            .or_default()
+            .clone()
+    }
+
+    /// Whether an early AppendEntries to `target` is in flight: a heartbeat's answer then
+    /// waits for `target`'s fsync of those entries, so its round trip times the disk.
+    fn early_in_flight(&self, target: u64) -> bool {
+        self.early_in_flight
+            .lock()
+            .get(&target)
+            .is_some_and(|n| n.load(Ordering::Acquire) > 0)
     }
 
     /// The transport's explanation of `status`, logged at WARN when it is new for `target`
@@ -446,9 +468,14 @@ impl RaftNetwork<TypeConfig> for PeerClient {
             Err(e) => return Err(RPCError::Network(NetworkError::new(&e))),
         };
         // A heartbeat (no entries, so no disk write at the follower) times the network:
-        // etcd's `peer_round_trip_time_seconds`.
+        // etcd's `peer_round_trip_time_seconds` — unless an early AppendEntries was in flight
+        // to the same follower meanwhile: the follower answers the heartbeat after its fsync
+        // of those entries (openraft serves one member's requests in order), so that sample
+        // would time the follower's disk, which `etcd_disk_wal_fsync_duration_seconds`
+        // reports, and raise etcd's "member communication slow" alert on a busy disk.
         #[allow(clippy::disallowed_methods)] // A duration to report, not a deadline.
         let started = std::time::Instant::now();
+        let overlapped_early = self.peers.early_in_flight(self.target);
         let res = self
             .roundtrip(
                 Method::AppendEntries,
@@ -459,6 +486,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
             .await;
         if entries == 0 {
             match &res {
+                Ok(_) if overlapped_early || self.peers.early_in_flight(self.target) => {}
                 Ok(_) => {
                     if let Some(m) = self.peers.meters.known(self.target) {
                         m.round_trip.record(started.elapsed().as_secs_f64());
