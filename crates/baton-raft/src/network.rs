@@ -197,8 +197,8 @@ impl Peers {
             .clone()
     }
 
-    /// Whether an early AppendEntries to `target` is in flight: a heartbeat's answer then
-    /// waits for `target`'s fsync of those entries, so its round trip times the disk.
+    /// Whether an early AppendEntries to `target` is in flight: a heartbeat's answer may then
+    /// wait for `target`'s fsync of those entries, so its round trip times the disk.
     fn early_in_flight(&self, target: u64) -> bool {
         self.early_in_flight
             .lock()
@@ -469,10 +469,10 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         };
         // A heartbeat (no entries, so no disk write at the follower) times the network:
         // etcd's `peer_round_trip_time_seconds` — unless an early AppendEntries was in flight
-        // to the same follower meanwhile: the follower answers the heartbeat after its fsync
-        // of those entries (openraft serves one member's requests in order), so that sample
-        // would time the follower's disk, which `etcd_disk_wal_fsync_duration_seconds`
-        // reports, and raise etcd's "member communication slow" alert on a busy disk.
+        // to the same follower meanwhile: the follower's answer to the heartbeat can wait for
+        // its fsync of those entries (its Raft core task handles one request at a time, and
+        // a small append is fsynced on it), so that sample may time the follower's disk,
+        // which `etcd_disk_wal_fsync_duration_seconds` reports, not the network.
         #[allow(clippy::disallowed_methods)] // A duration to report, not a deadline.
         let started = std::time::Instant::now();
         let overlapped_early = self.peers.early_in_flight(self.target);
