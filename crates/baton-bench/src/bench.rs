@@ -12,6 +12,7 @@ use serde::Serialize;
 use crate::engine::RunResult;
 use crate::kv::{self, ClientImpl, KvLoad, KvOp};
 use crate::v3lock::{self, ElectionLoad, LockLoad};
+use crate::watch_create::{self, WatchCreateLoad};
 use crate::{failover, lease, watch};
 
 /// The workloads `baton bench` runs.
@@ -28,6 +29,9 @@ pub enum BenchWorkload {
     LeaseKeepalive,
     /// One writer puts one key after another; a watcher receives the events.
     WatchLatency,
+    /// --streams watch streams on --conns connections, --watchers-per-stream watchers each on
+    /// one key, created back to back; repeated until the window closes (etcd's `benchmark watch`).
+    WatchCreate,
     /// v3lock Lock/Unlock cycles: --contenders on one lock, or on one lock each (--distinct).
     Lock,
     /// v3election Campaign → Resign cycles among --contenders on one election.
@@ -117,6 +121,12 @@ pub struct BenchArgs {
     /// lock: each contender on a lock of its own (uncontended cycles) instead of one lock.
     #[arg(long)]
     pub distinct: bool,
+    /// watch-create: watch streams per round.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub streams: u64,
+    /// watch-create: watchers created on each stream per round.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub watchers_per_stream: u64,
     /// put, txn-put, range: the gRPC client (h2: the lean hand-rolled one; tonic: the
     /// generated one, for comparing client costs).
     #[arg(long, value_enum, default_value = "h2", hide = true)]
@@ -136,6 +146,7 @@ pub enum Spec {
     Kv(KvLoad),
     LeaseKeepalive(lease::LeaseLoad),
     WatchLatency { value_size: usize },
+    WatchCreate(WatchCreateLoad),
     Lock(LockLoad),
     ElectionHandoff(ElectionLoad),
     Failover,
@@ -175,6 +186,11 @@ impl Spec {
             BenchWorkload::WatchLatency => Spec::WatchLatency {
                 value_size: a.value_size,
             },
+            BenchWorkload::WatchCreate => Spec::WatchCreate(WatchCreateLoad {
+                streams: a.streams as usize,
+                watchers_per_stream: a.watchers_per_stream as usize,
+                conns: a.conns as usize,
+            }),
             BenchWorkload::Lock => Spec::Lock(LockLoad {
                 contenders: a.contenders as usize,
                 locks: if a.distinct { a.contenders as usize } else { 1 },
@@ -197,6 +213,7 @@ impl Spec {
                 l.leases, l.ttl_secs
             ),
             Spec::WatchLatency { .. } => "watch latency, 1 writer / 1 watcher".into(),
+            Spec::WatchCreate(w) => w.label(),
             Spec::Lock(l) => l.label(),
             Spec::ElectionHandoff(e) => format!("election handoff, {} contenders", e.contenders),
             Spec::Failover => "failover writer".into(),
@@ -209,6 +226,7 @@ impl Spec {
             Spec::Kv(_) | Spec::Failover => "ops",
             Spec::LeaseKeepalive(_) => "keep-alives",
             Spec::WatchLatency { .. } => "events",
+            Spec::WatchCreate(_) => "watchers",
             Spec::Lock(_) => "cycles",
             Spec::ElectionHandoff(_) => "handoffs",
         }
@@ -232,6 +250,9 @@ pub async fn run_spec(
         }
         Spec::WatchLatency { value_size } => {
             watch::run(endpoints, *value_size, warmup, duration, progress).await
+        }
+        Spec::WatchCreate(load) => {
+            watch_create::run(endpoints, load, warmup, duration, progress).await
         }
         Spec::Lock(load) => v3lock::run_lock(endpoints, load, warmup, duration, progress).await,
         Spec::ElectionHandoff(load) => {

@@ -16,3 +16,4 @@ pub mod session;
 pub mod side;
 pub mod v3lock;
 pub mod watch;
+pub mod watch_create;

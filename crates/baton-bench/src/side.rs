@@ -21,6 +21,7 @@ use crate::report::{self, Binary, Disk};
 use crate::results::{Meta, Report, Row, RowSpec, Sample, Target};
 use crate::server::{Deployment, Kind, Settings, Topology};
 use crate::v3lock::{ElectionLoad, LockLoad};
+use crate::watch_create::WatchCreateLoad;
 
 /// The workloads of the side-by-side run, in table order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, ValueEnum)]
@@ -40,6 +41,8 @@ pub enum Item {
     LeaseKeepalive,
     /// watch latency, 1 writer / 1 watcher.
     WatchLatency,
+    /// 10,000 watchers on one key created over 10 streams (etcd's `benchmark watch`).
+    WatchCreate,
     /// v3lock, 10 contenders on one lock.
     LockContended,
     /// v3lock, 50 contenders on 50 locks.
@@ -53,7 +56,7 @@ pub enum Item {
 }
 
 impl Item {
-    pub const ALL: [Item; 12] = [
+    pub const ALL: [Item; 13] = [
         Item::Put1,
         Item::Put100,
         Item::TxnPut100,
@@ -61,6 +64,7 @@ impl Item {
         Item::RangeS100,
         Item::LeaseKeepalive,
         Item::WatchLatency,
+        Item::WatchCreate,
         Item::LockContended,
         Item::LockDistinct,
         Item::ElectionHandoff,
@@ -107,6 +111,11 @@ impl Item {
                 streams: c.conns,
             }),
             Item::WatchLatency => Spec::WatchLatency { value_size: 256 },
+            Item::WatchCreate => Spec::WatchCreate(WatchCreateLoad {
+                streams: 10,
+                watchers_per_stream: 1000,
+                conns: 1,
+            }),
             Item::LockContended => Spec::Lock(LockLoad {
                 contenders: 10,
                 locks: 1,
@@ -143,6 +152,7 @@ impl Item {
             Item::RangeL100 => ("ops/s", false, Some(Target::RatioAtLeast(2.0))),
             Item::LeaseKeepalive => ("% of a core", true, Some(Target::BatonBelow(5.0))),
             Item::WatchLatency => ("ms", true, None),
+            Item::WatchCreate => ("watchers/s", false, Some(Target::RatioAtLeast(1.0))),
             Item::LockContended => ("cycles/s", false, Some(Target::RatioAtLeast(10.0))),
             Item::LockDistinct => ("cycles/s", false, Some(Target::RatioAtLeast(3.0))),
             Item::ElectionHandoff => ("handoffs/s", false, None),

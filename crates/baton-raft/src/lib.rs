@@ -20,8 +20,11 @@
 //!   deterministic ids), `origin` (which commands a client may cause), `credential` (the
 //!   cluster token's proof), `membership::change` (membership requests and answers);
 //! - the peer protocol: `wire` (the bincode payloads of the `baton.raft.v1.Raft` service),
-//!   `peer_meters` (traffic per peer, for etcd's `etcd_network_*`), `network` (its client), `early_append` (a leader's appends sent to followers before its own fsync), `forward` (a follower's batching of what it forwards), `calls`
-//!   (the operations only the leader serves, each typed with its answer);
+//!   `peer_meters` (traffic per peer, for etcd's `etcd_network_*`), `network` (its client),
+//!   `pipe` (most peer calls over one long-lived stream per pair of members, both ends),
+//!   `early_append` (a leader's appends sent to followers before its own fsync), `forward`
+//!   (a follower's batching of what it forwards), `calls` (the operations only the leader
+//!   serves, each typed with its answer);
 //! - the replica's components: `replica` (the handles every component shares: Raft, applied
 //!   state, log, proposer, transfer gate), `proposer` (batches proposals into entries),
 //!   `transfer_gate`, `routing` (a leader-only call to wherever the leader is), `read_index`
@@ -76,6 +79,7 @@ mod observe;
 mod origin;
 mod peer_meters;
 mod peer_server;
+mod pipe;
 mod proposer;
 mod publish;
 mod read_index;

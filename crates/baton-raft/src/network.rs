@@ -33,10 +33,12 @@ use tonic::transport::{Channel, Endpoint};
 use crate::credential::ClusterCredential;
 use crate::env::PeerTransport;
 use crate::peer_meters::PeerMeters;
+use crate::pipe::{self, PipeClient};
 use crate::types::{Member, TypeConfig};
 use crate::wire::{
     self, WireError, FORMAT_VERSION_METADATA, MAX_PEER_MESSAGE_BYTES, PEER_FORMAT_VERSION,
 };
+use baton_proto::baton::raft::v1::PipeMethod;
 
 /// How long establishing a TCP connection to a peer may take. Loopback and LAN peers answer
 /// in microseconds; a peer that does not is treated as down rather than waited for.
@@ -60,6 +62,19 @@ pub(crate) enum Method {
     ForwardBatch,
     TimeoutNow,
     PreVote,
+}
+
+/// The pipe method of `method`; `None`: the method is only called unary.
+fn pipe_method(method: Method) -> Option<PipeMethod> {
+    Some(match method {
+        Method::AppendEntries => PipeMethod::AppendEntries,
+        Method::Vote => PipeMethod::Vote,
+        Method::Forward => PipeMethod::Forward,
+        Method::ForwardBatch => PipeMethod::ForwardBatch,
+        Method::TimeoutNow => PipeMethod::TimeoutNow,
+        Method::PreVote => PipeMethod::PreVote,
+        Method::InstallSnapshot => return None,
+    })
 }
 
 /// Why a call to a peer failed. What matters to callers is whether the request may have been
@@ -161,6 +176,18 @@ pub(crate) struct Peers {
     pub(crate) meters: Arc<PeerMeters>,
     /// Per peer, the leader's early AppendEntries in flight (`early_append`).
     early_in_flight: Mutex<HashMap<u64, Arc<AtomicUsize>>>,
+    /// Per peer, the pipe most calls travel on (`pipe`), or since when the peer is known
+    /// not to serve pipes.
+    pipes: Mutex<HashMap<u64, PipeSlot>>,
+}
+
+/// A peer's pipe, or why it has none.
+enum PipeSlot {
+    /// Open on the channel for these peer URLs (or closed since: replaced at the next call).
+    Open(Vec<String>, Arc<PipeClient>),
+    /// The peer answered `Pipe` Unimplemented at this time: unary calls until
+    /// `pipe::RETRY_UNSUPPORTED` later.
+    Unsupported(Instant),
 }
 
 impl Peers {
@@ -185,7 +212,47 @@ impl Peers {
             explained: Mutex::new(HashMap::new()),
             meters: Arc::new(PeerMeters::default()),
             early_in_flight: Mutex::new(HashMap::new()),
+            pipes: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The pipe to `target`, opened if there is none (or it closed); `None` while the peer is
+    /// known not to serve pipes.
+    fn pipe(&self, target: u64, node: &Member) -> Result<Option<Arc<PipeClient>>, PeerError> {
+        {
+            let pipes = self.pipes.lock();
+            match pipes.get(&target) {
+                Some(PipeSlot::Open(urls, pipe)) if *urls == node.peer_urls && pipe.is_open() => {
+                    return Ok(Some(pipe.clone()));
+                }
+                Some(PipeSlot::Unsupported(since)) if since.elapsed() < pipe::RETRY_UNSUPPORTED => {
+                    return Ok(None);
+                }
+                _ => {}
+            }
+        }
+        let channel = self.channel(target, node)?;
+        let mut pipes = self.pipes.lock();
+        // Another call may have opened one meanwhile.
+        if let Some(PipeSlot::Open(urls, pipe)) = pipes.get(&target) {
+            if *urls == node.peer_urls && pipe.is_open() {
+                return Ok(Some(pipe.clone()));
+            }
+        }
+        let pipe = PipeClient::open(channel);
+        pipes.insert(target, PipeSlot::Open(node.peer_urls.clone(), pipe.clone()));
+        Ok(Some(pipe))
+    }
+
+    /// Records that `target` does not serve pipes (an older build).
+    fn pipe_unsupported(&self, target: u64) {
+        tracing::info!(
+            peer = format_args!("{target:x}"),
+            "peer does not serve the peer pipe (an older build): unary peer calls"
+        );
+        self.pipes
+            .lock()
+            .insert(target, PipeSlot::Unsupported(Instant::now()));
     }
 
     /// The count of early AppendEntries in flight to `target` (`early_append` keeps it).
@@ -294,10 +361,14 @@ impl Peers {
         if let Some(m) = &meter {
             m.sent_bytes.increment(payload.len() as u64);
         }
+        let piped = match pipe_method(method) {
+            Some(m) => self.pipe(target, node)?.map(|p| (m, p)),
+            None => None,
+        };
         let mut client = RaftClient::new(ch)
             .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES + 4096)
             .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES + 4096);
-        let msg = PeerMessage {
+        let mut msg = PeerMessage {
             cluster_id: self.cluster_id,
             from: self.me,
             to: target,
@@ -306,6 +377,18 @@ impl Peers {
             format_version: PEER_FORMAT_VERSION,
         };
         let call = async move {
+            if let Some((pipe_method, pipe)) = piped {
+                // Until the peer has answered on a pipe, a copy is kept for a unary retry
+                // should it turn out not to know `Pipe` (then nothing was delivered).
+                let copy = (!pipe.confirmed()).then(|| msg.clone());
+                match (pipe.call(pipe_method, msg).await, copy) {
+                    (Err(_), Some(copy)) if pipe.unsupported() => {
+                        self.pipe_unsupported(target);
+                        msg = copy;
+                    }
+                    (answer, _) => return answer.map(tonic::Response::new),
+                }
+            }
             match method {
                 Method::AppendEntries => client.append_entries(msg).await,
                 Method::Vote => client.vote(msg).await,
@@ -654,5 +737,198 @@ mod tests {
         );
         // Logged once per peer and version.
         assert_eq!(peers.format_reported.lock().get(&3), Some(&7));
+    }
+
+    /// A stand-in peer service: answers `Vote` with `b"yes"` (unary or on a pipe); its pipe
+    /// is refused as unknown when `knows_pipe` is false, as an older build's would be.
+    #[derive(Clone, Default)]
+    struct StandIn {
+        knows_pipe: bool,
+        unary_votes: Arc<AtomicUsize>,
+        pipes_opened: Arc<AtomicUsize>,
+    }
+
+    fn yes(to: u64) -> PeerMessage {
+        PeerMessage {
+            cluster_id: 1,
+            from: 3,
+            to,
+            payload: b"yes".to_vec(),
+            credential: Vec::new(),
+            format_version: PEER_FORMAT_VERSION,
+        }
+    }
+
+    type Answers = std::pin::Pin<
+        Box<
+            dyn futures::Stream<
+                    Item = Result<baton_proto::baton::raft::v1::PipeFrame, tonic::Status>,
+                > + Send,
+        >,
+    >;
+
+    #[tonic::async_trait]
+    impl baton_proto::baton::raft::v1::raft_server::Raft for StandIn {
+        type PipeStream = Answers;
+
+        async fn pipe(
+            &self,
+            request: tonic::Request<tonic::Streaming<baton_proto::baton::raft::v1::PipeFrame>>,
+        ) -> Result<tonic::Response<Answers>, tonic::Status> {
+            use futures::StreamExt as _;
+            if !self.knows_pipe {
+                return Err(tonic::Status::unimplemented(""));
+            }
+            self.pipes_opened.fetch_add(1, Ordering::SeqCst);
+            let answers = request.into_inner().map(|frame| {
+                let frame = frame?;
+                let to = frame.message.as_ref().map_or(0, |m| m.from);
+                Ok(baton_proto::baton::raft::v1::PipeFrame {
+                    call_id: frame.call_id,
+                    message: Some(yes(to)),
+                    ..Default::default()
+                })
+            });
+            Ok(tonic::Response::new(Box::pin(answers)))
+        }
+
+        async fn vote(
+            &self,
+            request: tonic::Request<PeerMessage>,
+        ) -> Result<tonic::Response<PeerMessage>, tonic::Status> {
+            self.unary_votes.fetch_add(1, Ordering::SeqCst);
+            Ok(tonic::Response::new(yes(request.get_ref().from)))
+        }
+
+        async fn append_entries(
+            &self,
+            _: tonic::Request<PeerMessage>,
+        ) -> Result<tonic::Response<PeerMessage>, tonic::Status> {
+            Err(tonic::Status::unimplemented("stand-in"))
+        }
+
+        async fn install_snapshot(
+            &self,
+            _: tonic::Request<PeerMessage>,
+        ) -> Result<tonic::Response<PeerMessage>, tonic::Status> {
+            Err(tonic::Status::unimplemented("stand-in"))
+        }
+
+        async fn forward(
+            &self,
+            _: tonic::Request<PeerMessage>,
+        ) -> Result<tonic::Response<PeerMessage>, tonic::Status> {
+            Err(tonic::Status::unimplemented("stand-in"))
+        }
+
+        async fn forward_batch(
+            &self,
+            _: tonic::Request<PeerMessage>,
+        ) -> Result<tonic::Response<PeerMessage>, tonic::Status> {
+            Err(tonic::Status::unimplemented("stand-in"))
+        }
+
+        async fn members(
+            &self,
+            _: tonic::Request<PeerMessage>,
+        ) -> Result<tonic::Response<PeerMessage>, tonic::Status> {
+            Err(tonic::Status::unimplemented("stand-in"))
+        }
+
+        async fn timeout_now(
+            &self,
+            _: tonic::Request<PeerMessage>,
+        ) -> Result<tonic::Response<PeerMessage>, tonic::Status> {
+            Err(tonic::Status::unimplemented("stand-in"))
+        }
+
+        async fn pre_vote(
+            &self,
+            _: tonic::Request<PeerMessage>,
+        ) -> Result<tonic::Response<PeerMessage>, tonic::Status> {
+            Err(tonic::Status::unimplemented("stand-in"))
+        }
+    }
+
+    /// Serves `service` on a loopback port; returns member 3 at that address.
+    async fn serve(service: StandIn) -> Member {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(baton_proto::baton::raft::v1::raft_server::RaftServer::new(
+                    service,
+                ))
+                .serve_with_incoming(incoming),
+        );
+        Member {
+            name: "m3".into(),
+            peer_urls: vec![format!("http://{addr}")],
+            client_urls: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn install_snapshot_stays_unary() {
+        assert_eq!(pipe_method(Method::InstallSnapshot), None);
+        assert_eq!(
+            pipe_method(Method::AppendEntries),
+            Some(PipeMethod::AppendEntries)
+        );
+    }
+
+    /// Calls travel on one pipe per peer, none as a unary call.
+    #[tokio::test]
+    async fn calls_to_a_peer_share_one_pipe() {
+        let peer = StandIn {
+            knows_pipe: true,
+            ..Default::default()
+        };
+        let member = serve(peer.clone()).await;
+        let peers = Peers::new(1, 2, None, None);
+        let second = Duration::from_secs(5);
+        let calls = (0..3).map(|_| peers.call(3, &member, Method::Vote, b"q".to_vec(), second));
+        for answer in futures::future::join_all(calls).await {
+            assert_eq!(answer.unwrap(), b"yes");
+        }
+        assert_eq!(
+            peers
+                .call(3, &member, Method::Vote, vec![], second)
+                .await
+                .unwrap(),
+            b"yes"
+        );
+        assert_eq!(peer.pipes_opened.load(Ordering::SeqCst), 1);
+        assert_eq!(peer.unary_votes.load(Ordering::SeqCst), 0);
+    }
+
+    /// A peer of an older build refuses the pipe as an unknown method: the call is made
+    /// unary instead (nothing was delivered), and so are the calls after it.
+    #[tokio::test]
+    async fn a_peer_without_pipes_gets_unary_calls() {
+        let peer = StandIn::default();
+        let member = serve(peer.clone()).await;
+        let peers = Peers::new(1, 2, None, None);
+        let second = Duration::from_secs(5);
+        assert_eq!(
+            peers
+                .call(3, &member, Method::Vote, b"q".to_vec(), second)
+                .await
+                .unwrap(),
+            b"yes"
+        );
+        assert!(matches!(
+            peers.pipes.lock().get(&3),
+            Some(PipeSlot::Unsupported(_))
+        ));
+        assert_eq!(
+            peers
+                .call(3, &member, Method::Vote, b"q".to_vec(), second)
+                .await
+                .unwrap(),
+            b"yes"
+        );
+        assert_eq!(peer.unary_votes.load(Ordering::SeqCst), 2);
     }
 }

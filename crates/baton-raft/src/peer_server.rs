@@ -43,7 +43,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use baton_proto::baton::raft::v1::raft_server::{Raft as RaftService, RaftServer};
-use baton_proto::baton::raft::v1::PeerMessage;
+use baton_proto::baton::raft::v1::{PeerMessage, PipeFrame, PipeMethod};
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use tonic::{Request, Response, Status};
 
@@ -70,6 +70,8 @@ use crate::wire::{
 /// misbehaving peer from spawning tasks without limit.
 const MAX_CONCURRENT_STREAMS: u32 = 1024;
 
+/// Clone: a pipe (`pipe::serve`) serves each of its frames in a task of its own.
+#[derive(Clone)]
 pub(crate) struct PeerService {
     pub(crate) cluster_id: u64,
     pub(crate) me: u64,
@@ -285,12 +287,56 @@ impl PeerService {
     }
 }
 
+impl PeerService {
+    /// One pipe frame, served as its method's unary call.
+    async fn serve_frame(self: Arc<Self>, frame: PipeFrame) -> Result<PeerMessage, Status> {
+        let method = PipeMethod::try_from(frame.method)
+            .map_err(|_| Status::unimplemented(format!("baton: pipe method {}", frame.method)))?;
+        let message = frame
+            .message
+            .ok_or_else(|| Status::invalid_argument("baton: pipe frame without a message"))?;
+        let request = Request::new(message);
+        let response = match method {
+            PipeMethod::AppendEntries => self.append_entries(request).await,
+            PipeMethod::Vote => self.vote(request).await,
+            PipeMethod::Forward => self.forward(request).await,
+            PipeMethod::ForwardBatch => self.forward_batch(request).await,
+            PipeMethod::TimeoutNow => self.timeout_now(request).await,
+            PipeMethod::PreVote => self.pre_vote(request).await,
+            PipeMethod::Unspecified => {
+                Err(Status::unimplemented("baton: pipe frame without a method"))
+            }
+        };
+        response.map(Response::into_inner)
+    }
+}
+
 fn decode<T: serde::de::DeserializeOwned>(payload: &[u8]) -> Result<T, Status> {
     wire::decode(payload).map_err(|e| Status::invalid_argument(e.to_string()))
 }
 
+type PipeAnswers =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<PipeFrame, Status>> + Send + 'static>>;
+
 #[tonic::async_trait]
 impl RaftService for PeerService {
+    type PipeStream = PipeAnswers;
+
+    /// Each frame is served as its method's unary call below (`pipe`).
+    async fn pipe(
+        &self,
+        request: Request<tonic::Streaming<PipeFrame>>,
+    ) -> Result<Response<Self::PipeStream>, Status> {
+        let service = Arc::new(self.clone());
+        let answers = crate::pipe::serve(
+            move |frame| service.clone().serve_frame(frame),
+            request.into_inner(),
+        );
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(answers),
+        )))
+    }
+
     async fn append_entries(
         &self,
         request: Request<PeerMessage>,
