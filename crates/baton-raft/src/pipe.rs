@@ -228,6 +228,13 @@ impl PipeClient {
             let Some(waiting) = waiting.as_mut() else {
                 return Err(Status::unavailable("baton: the peer pipe is closed"));
             };
+            // The callee serves at most this many at once; more would only queue in this
+            // member's memory (the outbound queue itself has no bound of its own).
+            if waiting.len() >= MAX_CALLS_IN_FLIGHT {
+                return Err(Status::resource_exhausted(format!(
+                    "baton: {MAX_CALLS_IN_FLIGHT} calls already in flight on the peer pipe"
+                )));
+            }
             waiting.insert(call_id, tx);
         }
         let forget = Forget {
@@ -327,5 +334,31 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(outcome(empty).unwrap_err().code(), tonic::Code::Internal);
+    }
+
+    /// Calls beyond the callee's bound are refused at once rather than queued.
+    #[tokio::test]
+    async fn calls_beyond_the_bound_are_refused() {
+        let (outbound, _frames) = mpsc::unbounded_channel();
+        let pipe = PipeClient {
+            outbound,
+            next_call: AtomicU64::new(1),
+            confirmed: AtomicBool::new(true),
+            unsupported: AtomicBool::new(false),
+            waiting: Mutex::new(Some(
+                (0..MAX_CALLS_IN_FLIGHT as u64)
+                    .map(|id| (id + 1_000_000, oneshot::channel().0))
+                    .collect(),
+            )),
+        };
+        let refused = pipe
+            .call(PipeMethod::Vote, PeerMessage::default())
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(
+            pipe.waiting.lock().as_ref().unwrap().len(),
+            MAX_CALLS_IN_FLIGHT
+        );
     }
 }
