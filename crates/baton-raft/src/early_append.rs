@@ -16,25 +16,27 @@
 //! Safety: the early request is exactly one the leader's replication could send (its vote,
 //! the entry before them as `prev_log_id`, its committed id), so a follower handles it by
 //! the ordinary rules — it refuses it if the vote is stale or the previous entry is missing,
-//! and a refusal changes nothing that openraft's next request would not change too. The
-//! answers are not used: openraft's replication, which sends every entry again after the
-//! leader's flush, stays the only source of the leader's view of its followers (matching
-//! index, commit). An early request that is lost, late or reordered costs nothing but the
-//! bytes. The simulation runs with it on every seed.
+//! and a refusal changes nothing that openraft's next request would not change too. A success
+//! answer is recorded (`early_acks`): openraft's own request for entries a follower already
+//! acknowledged is answered from it instead of travelling again (see `early_acks` for why
+//! that is safe). The leader's own flush and its commit rule stay openraft's. An early
+//! request that is lost, late, refused or reordered costs nothing but the bytes: openraft's
+//! request then travels as before. The simulation runs with it on every seed.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use openraft::raft::AppendEntriesRequest;
+use openraft::error::RaftError;
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse};
 use openraft::{EntryPayload, RaftMetrics};
 
 use crate::network::{Method, Peers};
 use crate::types::{LogId, Member, RaftEntry, TypeConfig, Vote};
 use crate::wire;
 
-/// How long an early AppendEntries may take before it is given up (its answer is not needed;
-/// openraft's own request follows).
+/// How long an early AppendEntries may take before it is given up (openraft's own request,
+/// which waits for it only briefly, then travels itself).
 const EARLY_TIMEOUT: Duration = Duration::from_secs(1);
 /// Early requests in flight to one follower at most. A follower that is slow or gone gets
 /// no more until some finish: openraft's replication (with its backoff) carries on alone.
@@ -134,6 +136,7 @@ impl EarlyAppend {
         let Ok(payload) = wire::encode(&request) else {
             return false;
         };
+        let last = entries[entries.len() - 1].log_id;
         let mut sent = false;
         for (target, node) in targets {
             let counter = self.peers.early_slots(target);
@@ -144,6 +147,7 @@ impl EarlyAppend {
                 continue;
             }
             sent = true;
+            let ticket = self.peers.early_acks.sent(target, vote, last, committed);
             let peers = self.peers.clone();
             let payload = payload.clone();
             tokio::spawn(async move {
@@ -151,6 +155,7 @@ impl EarlyAppend {
                     .call(target, &node, Method::AppendEntries, payload, EARLY_TIMEOUT)
                     .await;
                 counter.fetch_sub(1, Ordering::AcqRel);
+                ticket.answered(res.as_deref().is_ok_and(acknowledged));
                 let outcome = if res.is_ok() { "sent" } else { "failed" };
                 metrics::counter!("baton_raft_early_appends_total", "outcome" => outcome)
                     .increment(1);
@@ -158,4 +163,13 @@ impl EarlyAppend {
         }
         sent
     }
+}
+
+/// Whether an answer to an AppendEntries is a success: the follower durably holds every
+/// entry of the request, its log matching the leader's up to the last of them.
+fn acknowledged(answer: &[u8]) -> bool {
+    matches!(
+        wire::decode::<Result<AppendEntriesResponse<u64>, RaftError<u64>>>(answer),
+        Ok(Ok(AppendEntriesResponse::Success))
+    )
 }

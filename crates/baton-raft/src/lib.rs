@@ -58,6 +58,7 @@ mod config;
 mod credential;
 mod deletions;
 mod disk_watch;
+mod early_acks;
 mod early_append;
 mod election;
 mod env;

@@ -31,6 +31,7 @@ use parking_lot::Mutex;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::credential::ClusterCredential;
+use crate::early_acks::EarlyAcks;
 use crate::env::PeerTransport;
 use crate::peer_meters::PeerMeters;
 use crate::pipe::{self, PipeClient};
@@ -176,6 +177,8 @@ pub(crate) struct Peers {
     pub(crate) meters: Arc<PeerMeters>,
     /// Per peer, the leader's early AppendEntries in flight (`early_append`).
     early_in_flight: Mutex<HashMap<u64, Arc<AtomicUsize>>>,
+    /// Per peer, what its answers to early AppendEntries acknowledged (`early_acks`).
+    pub(crate) early_acks: EarlyAcks,
     /// Per peer, the pipe most calls travel on (`pipe`), or since when the peer is known
     /// not to serve pipes.
     pipes: Mutex<HashMap<u64, PipeSlot>>,
@@ -212,6 +215,7 @@ impl Peers {
             explained: Mutex::new(HashMap::new()),
             meters: Arc::new(PeerMeters::default()),
             early_in_flight: Mutex::new(HashMap::new()),
+            early_acks: EarlyAcks::default(),
             pipes: Mutex::new(HashMap::new()),
         }
     }
@@ -527,6 +531,34 @@ impl PeerClient {
     }
 }
 
+impl PeerClient {
+    /// Sends a commit notice (an AppendEntries without entries that the follower answers
+    /// without a disk write) and forgets it: if it is lost, openraft's next request or
+    /// heartbeat carries the committed id again.
+    fn notify_commit(&self, notice: AppendEntriesRequest<TypeConfig>) {
+        let Ok(payload) = wire::encode(&notice) else {
+            return;
+        };
+        let (peers, target, node) = (self.peers.clone(), self.target, self.node.clone());
+        tokio::spawn(async move {
+            let res = peers
+                .call(
+                    target,
+                    &node,
+                    Method::AppendEntries,
+                    payload,
+                    COMMIT_NOTICE_TIMEOUT,
+                )
+                .await;
+            let outcome = if res.is_ok() { "sent" } else { "failed" };
+            metrics::counter!("baton_raft_commit_notices_total", "outcome" => outcome).increment(1);
+        });
+    }
+}
+
+/// How long a commit notice may take before it is given up (see `notify_commit`).
+const COMMIT_NOTICE_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// Encodes a message that has no size to give up (a vote, one snapshot chunk).
 fn encode_whole<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, NetworkError> {
     wire::encode(value).map_err(|e| NetworkError::new(&e))
@@ -539,6 +571,28 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<u64>> {
         let entries = rpc.entries.len() as u64;
+        // The follower already acknowledged these entries, durably, in its answer to the
+        // early AppendEntries of this vote (`early_acks`): that answer stands in for this
+        // request's, which would be a second round trip on the write's critical path. Only
+        // the committed id it carries still goes, if it is news, without waiting for it.
+        if let Some(last) = rpc.entries.last() {
+            let last = last.log_id;
+            let wait = option.soft_ttl() / 2;
+            let acks = &self.peers.early_acks;
+            if acks.covers(self.target, &rpc.vote, last, wait).await {
+                acks.stood_in();
+                metrics::counter!("baton_raft_appends_answered_early_total").increment(1);
+                if acks.commit_news(self.target, &rpc.vote, rpc.leader_commit) {
+                    self.notify_commit(AppendEntriesRequest {
+                        vote: rpc.vote,
+                        prev_log_id: Some(last),
+                        entries: Vec::new(),
+                        leader_commit: rpc.leader_commit,
+                    });
+                }
+                return Ok(AppendEntriesResponse::Success);
+            }
+        }
         let payload = match wire::encode(&rpc) {
             Ok(p) => p,
             // openraft resends fewer entries at once; a single entry always fits (an entry is

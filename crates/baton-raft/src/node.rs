@@ -428,6 +428,13 @@ impl Node {
         }
     }
 
+    /// How many of openraft's AppendEntries this member, leading, answered from a follower's
+    /// answer to the early AppendEntries of the same entries instead of sending them again
+    /// (`early_acks`; also `baton_raft_appends_answered_early_total`).
+    pub fn appends_answered_early(&self) -> u64 {
+        self.parts.router.peers().early_acks.stood_in_total()
+    }
+
     /// etcd's `MoveLeader`: hands leadership to `target`, a voter, once it has caught up.
     /// Only the leader can do this ([`TransferError::NotLeader`] elsewhere); moving to the
     /// leader itself succeeds at once.

@@ -2,7 +2,7 @@
 //! the helpers every client uses to name members and keys and to draw its randomness.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,6 +33,9 @@ pub(crate) struct Ctx {
     pub(crate) trace_hash: Mutex<u64>,
     /// Log write paths of the members' incarnations that ended (see `Outcome::wal`).
     pub(crate) wal: Mutex<WalWritePaths>,
+    /// openraft requests answered from early answers, summed the same way (see
+    /// `Outcome::answered_early`).
+    pub(crate) answered_early: AtomicU64,
 }
 
 impl Ctx {
@@ -46,8 +49,10 @@ impl Ctx {
         tracing::debug!(target: "baton_sim::trace", "{line}");
     }
 
-    /// Adds `node`'s log write paths to the run's.
-    pub(crate) fn tally_wal(&self, node: &Node) {
+    /// Adds `node`'s log write paths and its requests answered early to the run's.
+    pub(crate) fn tally_node(&self, node: &Node) {
+        self.answered_early
+            .fetch_add(node.appends_answered_early(), Ordering::Relaxed);
         let p = node.wal_write_paths();
         let mut w = self.wal.lock();
         w.inline_ops += p.inline_ops;

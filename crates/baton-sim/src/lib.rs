@@ -69,6 +69,9 @@ pub struct Outcome {
     /// Which way the members' log writes went, summed over every incarnation: inline on the
     /// Raft core task, or through the writer's batch loop (a task under simulation).
     pub wal: WalWritePaths,
+    /// openraft AppendEntries answered from a follower's early answer instead of sent
+    /// (baton-raft `early_acks`), summed the same way: shows that the seeds exercise it.
+    pub answered_early: u64,
 }
 
 /// Why a run failed.
@@ -218,6 +221,7 @@ fn run_inner(config: &SimConfig) -> Result<Outcome, SimError> {
         liveness: Mutex::new(Err("the liveness probe did not finish".into())),
         trace_hash: Mutex::new(0xcbf2_9ce4_8422_2325),
         wal: Mutex::default(),
+        answered_early: Default::default(),
     });
 
     let mut sim = turmoil::Builder::new()
@@ -430,7 +434,7 @@ fn crash(
     }
     sim.crash(members[i].as_str());
     if let Some(node) = ctx.nodes[i].lock().take() {
-        ctx.tally_wal(&node);
+        ctx.tally_node(&node);
     }
     let dropped = ctx.disks[i]
         .crash(rng, torn)
@@ -624,10 +628,13 @@ fn judge(ctx: &Ctx, schedule: &[Scheduled], sim_time: Duration) -> Result<Outcom
         sim_time,
         wal: {
             for n in &nodes {
-                ctx.tally_wal(n);
+                ctx.tally_node(n);
             }
             *ctx.wal.lock()
         },
+        answered_early: ctx
+            .answered_early
+            .load(std::sync::atomic::Ordering::Relaxed),
     })
 }
 

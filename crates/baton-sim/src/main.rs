@@ -114,6 +114,7 @@ impl Common {
 struct Passed {
     hash: String,
     wal: [u64; 3],
+    answered_early: u64,
 }
 
 impl Passed {
@@ -136,7 +137,18 @@ impl Passed {
             [inline, ops, batches] => [inline, batches, ops],
             _ => [0; 3],
         };
-        Passed { hash, wal }
+        // "..., 5 appends answered early, wal ..."
+        let answered_early = line
+            .split(" appends answered early")
+            .next()
+            .and_then(|s| s.rsplit(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        Passed {
+            hash,
+            wal,
+            answered_early,
+        }
     }
 }
 
@@ -179,6 +191,7 @@ fn main() -> Result<()> {
             let t0 = Instant::now();
             let (mut passed, mut failed) = (0usize, 0usize);
             let mut wal = [0u64; 3];
+            let mut answered_early = 0;
             for seed in start..start + seeds {
                 // Each seed in a fresh process, exactly as `replay` runs it: process-wide
                 // state (tokio's task ids) would otherwise differ from the replay's.
@@ -188,6 +201,7 @@ fn main() -> Result<()> {
                         for (sum, n) in wal.iter_mut().zip(p.wal) {
                             *sum += n;
                         }
+                        answered_early += p.answered_early;
                     }
                     Err(first_line) => {
                         failed += 1;
@@ -211,6 +225,9 @@ fn main() -> Result<()> {
                 "log writes: {} inline on the Raft core task, {} in {} batches of the \
                  writer's batch loop (a task under simulation)",
                 wal[0], wal[2], wal[1]
+            );
+            println!(
+                "openraft AppendEntries answered from followers' early answers: {answered_early}"
             );
             if failed > 0 {
                 bail!("{failed} seed(s) failed");
@@ -245,7 +262,7 @@ fn main() -> Result<()> {
                     println!(
                         "seed {seed} passed: {} ops, {} watch events, {} lock holdings, \
                          recovered in {:?}, trace hash {:016x}, {:?} simulated in {:.1} s, \
-                         wal {} inline, {} in {} loop batches",
+                         {} appends answered early, wal {} inline, {} in {} loop batches",
                         o.ops,
                         o.watch_events,
                         o.lock_holdings,
@@ -253,6 +270,7 @@ fn main() -> Result<()> {
                         o.trace_hash,
                         o.sim_time,
                         t0.elapsed().as_secs_f64(),
+                        o.answered_early,
                         o.wal.inline_ops,
                         o.wal.loop_ops,
                         o.wal.loop_batches
