@@ -54,8 +54,8 @@ struct Progress {
     /// Requests awaiting their answer: ticket number and the index of their last entry.
     pending: Vec<(u64, u64)>,
     next_ticket: u64,
-    /// The furthest committed id sent to the follower under this vote, early or in a commit
-    /// notice ([`EarlyAcks::commit_news`]).
+    /// The furthest committed id the follower was told under this vote: in an early request
+    /// it accepted, or in a commit notice ([`EarlyAcks::commit_news`]).
     committed_sent: Option<LogId>,
 }
 
@@ -104,13 +104,13 @@ impl EarlyAcks {
             id = p.next_ticket;
             p.next_ticket += 1;
             p.pending.push((id, last.index));
-            p.committed_sent = p.committed_sent.max(committed);
         });
         Ticket {
             tx,
             id,
             vote,
             last,
+            committed,
             sent_at: Instant::now(),
             answered: false,
         }
@@ -199,6 +199,8 @@ pub(crate) struct Ticket {
     id: u64,
     vote: Vote,
     last: LogId,
+    /// The committed id the request carries (a follower that accepts it learns it).
+    committed: Option<LogId>,
     sent_at: Instant,
     answered: bool,
 }
@@ -217,6 +219,7 @@ impl Ticket {
             if !acknowledged || p.vote.as_ref() != Some(&self.vote) {
                 return;
             }
+            p.committed_sent = p.committed_sent.max(self.committed);
             let further = p
                 .acked
                 .as_ref()
@@ -340,19 +343,24 @@ mod tests {
         let acks = EarlyAcks::default();
         // Unknown follower: news (nothing was sent to it early).
         assert!(acks.commit_news(2, &vote(3), Some(log_id(3, 8))));
+        // Carried by an early request that was refused: still news (and now sent).
         drop(acks.sent(2, vote(3), log_id(3, 10), Some(log_id(3, 8))));
+        assert!(acks.commit_news(2, &vote(3), Some(log_id(3, 8))));
         assert!(
             !acks.commit_news(2, &vote(3), Some(log_id(3, 8))),
-            "sent early"
-        );
-        assert!(!acks.commit_news(2, &vote(3), Some(log_id(3, 7))));
-        assert!(acks.commit_news(2, &vote(3), Some(log_id(3, 9))));
-        assert!(
-            !acks.commit_news(2, &vote(3), Some(log_id(3, 9))),
             "sent as a notice"
         );
+        // Carried by an early request the follower accepted: not news.
+        acks.sent(2, vote(3), log_id(3, 11), Some(log_id(3, 9)))
+            .answered(true);
+        assert!(
+            !acks.commit_news(2, &vote(3), Some(log_id(3, 9))),
+            "accepted early"
+        );
+        assert!(!acks.commit_news(2, &vote(3), Some(log_id(3, 7))));
+        assert!(acks.commit_news(2, &vote(3), Some(log_id(3, 10))));
         // Another vote than the early requests': always sent.
-        assert!(acks.commit_news(2, &vote(4), Some(log_id(3, 9))));
+        assert!(acks.commit_news(2, &vote(4), Some(log_id(3, 10))));
     }
 
     #[tokio::test(start_paused = true)]
