@@ -8,9 +8,10 @@
 //!   page, bottom-up, into any `std::io::Write`: it holds one leaf page being filled and the
 //!   first keys of the pages below the branch levels still to write, never the data. The
 //!   file's two meta pages come first and name the root page and the page count, which are
-//!   only known at the end; so a file is written twice from the same input: a dry run
-//!   ([`Writer::plan`]) gives the [`Layout`], the real run ([`Writer::with_layout`]) writes
-//!   the bytes and asserts it ended where the plan said.
+//!   only known at the end; so into a stream a file is written twice from the same input: a
+//!   dry run ([`Writer::plan`]) gives the [`Layout`], the real run ([`Writer::with_layout`])
+//!   writes the bytes and asserts it ended where the plan said. Into a file (`Write + Seek`)
+//!   one run does ([`Writer::seekable`]): the metas are written over at the end.
 //! - [`Db`] reads a file through positional reads ([`ReadAt`]), one page at a time: bucket
 //!   by bucket, entries in key order, inline buckets included. Every page it reads is
 //!   checked (id, type, element bounds, key order), and [`Db::check`] is bbolt's `tx.Check`
@@ -33,4 +34,4 @@ mod writer;
 pub use error::Error;
 pub use page::{DEFAULT_PAGE_SIZE, MAGIC, VERSION};
 pub use reader::{BucketRef, Db, EntryFn, ReadAt};
-pub use writer::{Layout, Writer};
+pub use writer::{Layout, Placeholder, Writer};

@@ -3,7 +3,7 @@
 //! Pages are written in page-id order, so the output can be a stream:
 //!
 //! ```text
-//! 0, 1   meta pages (root page id and page count: from the plan)
+//! 0, 1   meta pages (root page id and page count: from the plan, or written over at the end)
 //! 2      the freelist (empty: every page is in use)
 //! 3..    each bucket in name order: its leaf pages in key order (a leaf holding a value
 //!        larger than a page continues on overflow pages), then its branch levels bottom-up,
@@ -17,12 +17,20 @@
 //! up to the page size, at least one element each: bbolt reads any fill, and splits or
 //! merges pages by its own fill rules only when a later transaction changes them.
 //!
+//! The meta pages name the root page and the page count, known only at the end. Into a plain
+//! `Write` (a stream) a file is therefore written twice from the same input: the dry run
+//! ([`Writer::plan`]) gives the [`Layout`], the real run ([`Writer::with_layout`]) writes the
+//! bytes and asserts it ended there. Into a `Write + Seek` (a file) one run does
+//! ([`Writer::seekable`]): the metas are written as zeros first and over when it finishes,
+//! and a value computed from what follows it can be reserved and filled in later
+//! ([`Writer::put_placeholder`], [`Writer::fill`]).
+//!
 //! Memory: one leaf page's elements (a page, or one value larger than a page), and per
 //! bucket the first key and id of every page of the level below the one being built, written
 //! out when the bucket ends (for etcd's `key` bucket, 17-byte keys: about 33 bytes per 4 KiB
 //! of data).
 
-use std::io::Write;
+use std::io::{Seek, SeekFrom, Write};
 
 use crate::error::Error;
 use crate::page::{
@@ -56,70 +64,165 @@ impl Layout {
     }
 }
 
-/// One element of a page being filled.
+/// One element of a page being filled; its key and value are in [`PageFill::data`].
 struct Element {
     flags: u32,
-    key: Vec<u8>,
-    /// A leaf's value; empty for a branch element.
-    value: Vec<u8>,
+    key_len: usize,
+    /// A leaf's value length; 0 for a branch element.
+    value_len: usize,
     /// A branch element's child page.
     child: u64,
+    /// The placeholder its value is (see [`Writer::put_placeholder`]).
+    placeholder: Option<usize>,
 }
 
-/// Elements waiting to become a page, with the bytes they take.
+/// Elements waiting to become a page, with the bytes they take. Keys and values go back to
+/// back into one buffer, reused from page to page: no allocation per entry.
 #[derive(Default)]
 struct PageFill {
     elements: Vec<Element>,
+    data: Vec<u8>,
     bytes: usize,
 }
 
 impl PageFill {
     fn clear(&mut self) {
         self.elements.clear();
+        self.data.clear();
         self.bytes = PAGE_HEADER;
     }
+
+    fn push(&mut self, element: Element, key: &[u8], value: &[u8], element_size: usize) {
+        debug_assert_eq!(
+            (element.key_len, element.value_len),
+            (key.len(), value.len())
+        );
+        self.bytes += element_size + key.len() + value.len();
+        self.data.extend_from_slice(key);
+        self.data.extend_from_slice(value);
+        self.elements.push(element);
+    }
+
+    fn first_key(&self) -> Vec<u8> {
+        self.elements
+            .first()
+            .map(|e| self.data[..e.key_len].to_vec())
+            .unwrap_or_default()
+    }
+}
+
+/// Where the meta pages' contents come from.
+#[derive(Debug, Clone, Copy)]
+enum Metas {
+    /// The dry run: written as zeros (the output is dropped); only the page count matters.
+    Plan,
+    /// The real run of a plan: written first, and the end asserted to be the plan's.
+    Planned(Layout),
+    /// One run into a seekable output: zeros first, written over by
+    /// [`Writer::finish_seekable`].
+    AtEnd,
+}
+
+/// A value reserved by [`Writer::put_placeholder`], to be given by [`Writer::fill`].
+#[derive(Debug)]
+#[must_use = "a placeholder left unfilled stays zeros in the file"]
+pub struct Placeholder {
+    index: usize,
+    len: usize,
 }
 
 /// A bucket being written.
 struct OpenBucket {
     name: Vec<u8>,
-    leaf: PageFill,
     /// `(first key, page id)` of every leaf page written so far.
     leaves: Vec<(Vec<u8>, u64)>,
-    last_key: Option<Vec<u8>>,
+    /// Whether the bucket has an entry yet (then `last_key` is its last key).
+    has_entries: bool,
 }
 
 /// See the module docs.
 pub struct Writer<W: Write> {
     out: W,
     page_size: usize,
-    /// `None` in the dry run: meta pages are written as zeros, and nothing is asserted.
-    layout: Option<Layout>,
+    metas: Metas,
     next_pgid: u64,
     /// The root bucket's entries: `(name, root page id)`.
     buckets: Vec<(Vec<u8>, u64)>,
     open: Option<OpenBucket>,
+    /// The open bucket's leaf page being filled (reused from bucket to bucket).
+    leaf: PageFill,
+    /// The last key put into the open bucket (reused).
+    last_key: Vec<u8>,
     /// A page's bytes, reused.
     page: Vec<u8>,
     written: u64,
+    /// Each placeholder's file offset, once its page is written.
+    placeholders: Vec<Option<u64>>,
 }
 
 impl Writer<std::io::Sink> {
     /// The dry run: a writer whose output is dropped; [`Writer::finish`] gives the layout.
     pub fn plan(page_size: usize) -> Writer<std::io::Sink> {
-        Writer::start(std::io::sink(), page_size, None)
+        Writer::start(std::io::sink(), page_size, Metas::Plan)
+    }
+}
+
+impl<W: Write + Seek> Writer<W> {
+    /// The one run into a seekable output, which must be empty and positioned at its start
+    /// (a fresh file): finish it with [`Writer::finish_seekable`].
+    pub fn seekable(out: W, page_size: usize) -> Result<Writer<W>, Error> {
+        let mut w = Writer::start(out, page_size, Metas::AtEnd);
+        w.write_head()?;
+        Ok(w)
+    }
+
+    /// Gives the value of `placeholder`, whose bucket must have ended (its page is written).
+    pub fn fill(&mut self, placeholder: Placeholder, value: &[u8]) -> Result<(), Error> {
+        if value.len() != placeholder.len {
+            return Err(Error::Input(format!(
+                "a placeholder of {} bytes filled with {}",
+                placeholder.len,
+                value.len()
+            )));
+        }
+        let at = self.placeholders[placeholder.index].ok_or_else(|| {
+            Error::Input("a placeholder filled before its page was written".into())
+        })?;
+        self.out.seek(SeekFrom::Start(at))?;
+        self.out.write_all(value)?;
+        self.out.seek(SeekFrom::Start(self.written))?;
+        Ok(())
+    }
+
+    /// Writes the root bucket, then the meta pages over the zeros at the start; returns the
+    /// layout and the output (flushed, positioned at its end).
+    pub fn finish_seekable(self) -> Result<(Layout, W), Error> {
+        if !matches!(self.metas, Metas::AtEnd) {
+            return Err(Error::Input(
+                "finish_seekable of a writer made by seekable only".into(),
+            ));
+        }
+        let (layout, mut w) = self.finish_pages()?;
+        w.out.seek(SeekFrom::Start(0))?;
+        for id in 0..2u64 {
+            w.meta_page(id, Some(layout));
+            w.out.write_all(&w.page[..w.page_size])?;
+        }
+        w.out.seek(SeekFrom::Start(w.written))?;
+        w.out.flush()?;
+        Ok((layout, w.out))
     }
 }
 
 impl<W: Write> Writer<W> {
     /// The real run, for the layout the dry run of the same input gave.
     pub fn with_layout(out: W, layout: Layout) -> Result<Writer<W>, Error> {
-        let mut w = Writer::start(out, layout.page_size, Some(layout));
+        let mut w = Writer::start(out, layout.page_size, Metas::Planned(layout));
         w.write_head()?;
         Ok(w)
     }
 
-    fn start(out: W, page_size: usize, layout: Option<Layout>) -> Writer<W> {
+    fn start(out: W, page_size: usize, metas: Metas) -> Writer<W> {
         assert!(
             page_size >= 1024 && page_size.is_power_of_two(),
             "page size {page_size}"
@@ -127,12 +230,15 @@ impl<W: Write> Writer<W> {
         Writer {
             out,
             page_size,
-            layout,
+            metas,
             next_pgid: 0,
             buckets: Vec::new(),
             open: None,
+            leaf: PageFill::default(),
+            last_key: Vec::new(),
             page: vec![0; page_size],
             written: 0,
+            placeholders: Vec::new(),
         }
     }
 
@@ -141,21 +247,16 @@ impl<W: Write> Writer<W> {
         self.written
     }
 
-    /// Meta pages and the empty freelist. In the dry run the metas are zeros (nobody sees
-    /// them); only the page count matters.
+    /// Meta pages and the empty freelist. The metas are zeros unless the layout is known
+    /// (the real run of a plan); nobody reads a dry run's, and a seekable run's are written
+    /// over at the end.
     fn write_head(&mut self) -> Result<(), Error> {
+        let layout = match self.metas {
+            Metas::Planned(l) => Some(l),
+            Metas::Plan | Metas::AtEnd => None,
+        };
         for id in 0..2u64 {
-            self.page.fill(0);
-            if let Some(l) = self.layout {
-                PageHeader {
-                    id,
-                    flags: META_PAGE,
-                    count: 0,
-                    overflow: 0,
-                }
-                .write(&mut self.page);
-                Meta::new(l.page_size, l.root, l.pages, TXID).write(&mut self.page[PAGE_HEADER..]);
-            }
+            self.meta_page(id, layout);
             self.emit_page_buf(1)?;
         }
         self.page.fill(0);
@@ -169,6 +270,21 @@ impl<W: Write> Writer<W> {
         self.emit_page_buf(1)?;
         debug_assert_eq!(self.next_pgid, FIRST_DATA_PGID);
         Ok(())
+    }
+
+    /// Meta page `id` for `layout` (zeros for `None`) into the page buffer.
+    fn meta_page(&mut self, id: u64, layout: Option<Layout>) {
+        self.page.fill(0);
+        if let Some(l) = layout {
+            PageHeader {
+                id,
+                flags: META_PAGE,
+                count: 0,
+                overflow: 0,
+            }
+            .write(&mut self.page);
+            Meta::new(l.page_size, l.root, l.pages, TXID).write(&mut self.page[PAGE_HEADER..]);
+        }
     }
 
     fn emit_page_buf(&mut self, pages: usize) -> Result<(), Error> {
@@ -198,13 +314,11 @@ impl<W: Write> Writer<W> {
                 bucket: String::from_utf8_lossy(name).into_owned(),
             });
         }
-        let mut leaf = PageFill::default();
-        leaf.clear();
+        self.leaf.clear();
         self.open = Some(OpenBucket {
             name: name.to_vec(),
-            leaf,
             leaves: Vec::new(),
-            last_key: None,
+            has_entries: false,
         });
         Ok(())
     }
@@ -212,7 +326,24 @@ impl<W: Write> Writer<W> {
     /// Adds an entry to the open bucket. Keys must come in strictly increasing byte order
     /// and be non-empty (bbolt's rules).
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
-        let page_size = self.page_size;
+        self.put_element(key, value, None)
+    }
+
+    /// [`Writer::put`] of `len` zero bytes, to be replaced by [`Writer::fill`] once the bucket
+    /// has ended (for a value computed from entries that come after it).
+    pub fn put_placeholder(&mut self, key: &[u8], len: usize) -> Result<Placeholder, Error> {
+        let index = self.placeholders.len();
+        self.put_element(key, &vec![0; len], Some(index))?;
+        self.placeholders.push(None);
+        Ok(Placeholder { index, len })
+    }
+
+    fn put_element(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        placeholder: Option<usize>,
+    ) -> Result<(), Error> {
         let open = self
             .open
             .as_mut()
@@ -220,52 +351,60 @@ impl<W: Write> Writer<W> {
         if key.is_empty() {
             return Err(Error::Input("empty key".into()));
         }
-        if open.last_key.as_deref().is_some_and(|last| last >= key) {
+        if open.has_entries && self.last_key.as_slice() >= key {
             return Err(Error::Order {
                 bucket: String::from_utf8_lossy(&open.name).into_owned(),
             });
         }
-        open.last_key = Some(key.to_vec());
+        open.has_entries = true;
+        self.last_key.clear();
+        self.last_key.extend_from_slice(key);
         let size = LEAF_ELEMENT + key.len() + value.len();
-        let full = !open.leaf.elements.is_empty()
-            && (open.leaf.bytes + size > page_size || open.leaf.elements.len() >= MAX_ELEMENTS);
+        let full = !self.leaf.elements.is_empty()
+            && (self.leaf.bytes + size > self.page_size
+                || self.leaf.elements.len() >= MAX_ELEMENTS);
         if full {
             self.flush_leaf()?;
         }
-        let open = self.open.as_mut().expect("open bucket");
-        open.leaf.elements.push(Element {
-            flags: 0,
-            key: key.to_vec(),
-            value: value.to_vec(),
-            child: 0,
-        });
-        open.leaf.bytes += size;
+        self.leaf.push(
+            Element {
+                flags: 0,
+                key_len: key.len(),
+                value_len: value.len(),
+                child: 0,
+                placeholder,
+            },
+            key,
+            value,
+            LEAF_ELEMENT,
+        );
         Ok(())
     }
 
     fn flush_leaf(&mut self) -> Result<(), Error> {
-        let mut open = self.open.take().expect("open bucket");
-        let id = self.write_page(LEAF_PAGE, &open.leaf)?;
-        let first = open.leaf.elements[0].key.clone();
-        open.leaves.push((first, id));
-        open.leaf.clear();
-        self.open = Some(open);
+        let leaf = std::mem::take(&mut self.leaf);
+        let written = self.write_page(LEAF_PAGE, &leaf);
+        self.leaf = leaf;
+        let id = written?;
+        let first = self.leaf.first_key();
+        self.open
+            .as_mut()
+            .expect("open bucket")
+            .leaves
+            .push((first, id));
+        self.leaf.clear();
         Ok(())
     }
 
     /// Closes the open bucket: its last leaf, then its branch levels.
     pub fn end_bucket(&mut self) -> Result<(), Error> {
-        if self
-            .open
-            .as_ref()
-            .is_some_and(|o| !o.leaf.elements.is_empty())
-        {
+        if self.open.is_none() {
+            return Err(Error::Input("no bucket is open".into()));
+        }
+        if !self.leaf.elements.is_empty() {
             self.flush_leaf()?;
         }
-        let open = self
-            .open
-            .take()
-            .ok_or_else(|| Error::Input("no bucket is open".into()))?;
+        let open = self.open.take().expect("checked above");
         let root = if open.leaves.is_empty() {
             // An empty bucket: one empty leaf page.
             let mut empty = PageFill::default();
@@ -280,9 +419,9 @@ impl<W: Write> Writer<W> {
 
     /// Writes branch levels over `children` until one page is left; returns its id.
     fn write_branches(&mut self, mut children: Vec<(Vec<u8>, u64)>) -> Result<u64, Error> {
+        let mut fill = PageFill::default();
         while children.len() > 1 {
             let mut parents = Vec::new();
-            let mut fill = PageFill::default();
             fill.clear();
             for (key, child) in children {
                 let size = BRANCH_ELEMENT + key.len();
@@ -290,19 +429,24 @@ impl<W: Write> Writer<W> {
                     && (fill.bytes + size > self.page_size || fill.elements.len() >= MAX_ELEMENTS)
                 {
                     let id = self.write_page(BRANCH_PAGE, &fill)?;
-                    parents.push((fill.elements[0].key.clone(), id));
+                    parents.push((fill.first_key(), id));
                     fill.clear();
                 }
-                fill.bytes += size;
-                fill.elements.push(Element {
-                    flags: 0,
-                    key,
-                    value: Vec::new(),
-                    child,
-                });
+                fill.push(
+                    Element {
+                        flags: 0,
+                        key_len: key.len(),
+                        value_len: 0,
+                        child,
+                        placeholder: None,
+                    },
+                    &key,
+                    &[],
+                    BRANCH_ELEMENT,
+                );
             }
             let id = self.write_page(BRANCH_PAGE, &fill)?;
-            parents.push((fill.elements[0].key.clone(), id));
+            parents.push((fill.first_key(), id));
             children = parents;
         }
         Ok(children[0].1)
@@ -330,23 +474,28 @@ impl<W: Write> Writer<W> {
             BRANCH_ELEMENT
         };
         let mut data = PAGE_HEADER + element_size * fill.elements.len();
+        let mut from = 0;
         for (i, e) in fill.elements.iter().enumerate() {
             let at = PAGE_HEADER + element_size * i;
             let pos = (data - at) as u32;
             if flags == LEAF_PAGE {
                 buf[at..at + 4].copy_from_slice(&e.flags.to_le_bytes());
                 buf[at + 4..at + 8].copy_from_slice(&pos.to_le_bytes());
-                buf[at + 8..at + 12].copy_from_slice(&(e.key.len() as u32).to_le_bytes());
-                buf[at + 12..at + 16].copy_from_slice(&(e.value.len() as u32).to_le_bytes());
+                buf[at + 8..at + 12].copy_from_slice(&(e.key_len as u32).to_le_bytes());
+                buf[at + 12..at + 16].copy_from_slice(&(e.value_len as u32).to_le_bytes());
             } else {
                 buf[at..at + 4].copy_from_slice(&pos.to_le_bytes());
-                buf[at + 4..at + 8].copy_from_slice(&(e.key.len() as u32).to_le_bytes());
+                buf[at + 4..at + 8].copy_from_slice(&(e.key_len as u32).to_le_bytes());
                 buf[at + 8..at + 16].copy_from_slice(&e.child.to_le_bytes());
             }
-            buf[data..data + e.key.len()].copy_from_slice(&e.key);
-            data += e.key.len();
-            buf[data..data + e.value.len()].copy_from_slice(&e.value);
-            data += e.value.len();
+            let len = e.key_len + e.value_len;
+            buf[data..data + len].copy_from_slice(&fill.data[from..from + len]);
+            if let Some(p) = e.placeholder {
+                let value_at = id * self.page_size as u64 + (data + e.key_len) as u64;
+                self.placeholders[p] = Some(value_at);
+            }
+            data += len;
+            from += len;
         }
         assert_eq!(
             data, fill.bytes,
@@ -361,9 +510,23 @@ impl<W: Write> Writer<W> {
         Ok(id)
     }
 
-    /// Writes the root bucket and returns the layout. In the real run, asserts that it is the
-    /// layout the dry run gave: the same input must give the same file.
-    pub fn finish(mut self) -> Result<(Layout, W), Error> {
+    /// Writes the root bucket and returns the layout and the output. The real run of a plan
+    /// asserts that it is the layout the dry run gave: the same input must give the same
+    /// file. A [`Writer::seekable`] is finished by [`Writer::finish_seekable`] instead.
+    pub fn finish(self) -> Result<(Layout, W), Error> {
+        if matches!(self.metas, Metas::AtEnd) {
+            return Err(Error::Input(
+                "a seekable writer is finished by finish_seekable (its metas are still zeros)"
+                    .into(),
+            ));
+        }
+        let (layout, mut w) = self.finish_pages()?;
+        w.out.flush()?;
+        Ok((layout, w.out))
+    }
+
+    /// Writes the root bucket; returns the layout.
+    fn finish_pages(mut self) -> Result<(Layout, Self), Error> {
         if self.open.is_some() {
             return Err(Error::Input("a bucket is still open".into()));
         }
@@ -378,39 +541,38 @@ impl<W: Write> Writer<W> {
             let size = LEAF_ELEMENT + name.len() + 16;
             if !fill.elements.is_empty() && fill.bytes + size > self.page_size {
                 let id = self.write_page(LEAF_PAGE, &fill)?;
-                leaves.push((fill.elements[0].key.clone(), id));
+                leaves.push((fill.first_key(), id));
                 fill.clear();
             }
-            fill.bytes += size;
-            fill.elements.push(Element {
-                flags: BUCKET_LEAF_FLAG,
-                key: name,
-                value: bucket_header(root, 0).to_vec(),
-                child: 0,
-            });
+            let header = bucket_header(root, 0);
+            fill.push(
+                Element {
+                    flags: BUCKET_LEAF_FLAG,
+                    key_len: name.len(),
+                    value_len: header.len(),
+                    child: 0,
+                    placeholder: None,
+                },
+                &name,
+                &header,
+                LEAF_ELEMENT,
+            );
         }
         let id = self.write_page(LEAF_PAGE, &fill)?;
-        leaves.push((
-            fill.elements
-                .first()
-                .map(|e| e.key.clone())
-                .unwrap_or_default(),
-            id,
-        ));
+        leaves.push((fill.first_key(), id));
         let root = self.write_branches(leaves)?;
         let layout = Layout {
             page_size: self.page_size,
             root,
             pages: self.next_pgid,
         };
-        if let Some(planned) = self.layout {
+        if let Metas::Planned(planned) = self.metas {
             assert_eq!(
                 planned, layout,
                 "the file ended where its dry run said (the input changed between the runs?)"
             );
         }
         assert_eq!(self.written, layout.file_bytes());
-        self.out.flush()?;
-        Ok((layout, self.out))
+        Ok((layout, self))
     }
 }

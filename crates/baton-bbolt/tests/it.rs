@@ -154,6 +154,93 @@ fn page_layout_of_a_one_entry_file() {
     assert_eq!(le64(&root[41..49]), 0);
 }
 
+/// One run into a seekable output writes the very bytes of the two runs into a stream.
+fn write_seekable(buckets: &Buckets) -> (Layout, Vec<u8>) {
+    let mut w = Writer::seekable(std::io::Cursor::new(Vec::new()), DEFAULT_PAGE_SIZE).unwrap();
+    feed(&mut w, buckets);
+    let (layout, out) = w.finish_seekable().unwrap();
+    assert_eq!(out.position(), layout.file_bytes(), "left at its end");
+    (layout, out.into_inner())
+}
+
+#[test]
+fn one_seekable_run_writes_what_two_runs_write() {
+    for buckets in [
+        sample(20_000, |i| i % 40),
+        sample(300, |i| if i % 7 == 0 { 10_000 + i } else { 30 }),
+        sample(0, |_| 0),
+        Vec::new(),
+    ] {
+        let two = write(&buckets);
+        let one = write_seekable(&buckets);
+        assert_eq!(one.0, two.0);
+        assert!(one.1 == two.1, "same bytes");
+        let db = Db::open(one.1).unwrap();
+        assert_eq!(db.check().unwrap(), Vec::<String>::new());
+        assert_eq!(read_all(&db), buckets);
+    }
+}
+
+#[test]
+fn a_placeholder_is_filled_in_place() {
+    let mut buckets = sample(5_000, |i| i % 100);
+    // `a` precedes `data`; its `sum` value is computed from `data`'s entries.
+    let sum = |data: &[(Vec<u8>, Vec<u8>)]| {
+        let total: u64 = data.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum();
+        total.to_be_bytes().to_vec()
+    };
+    let data = buckets[1].1.clone();
+    let mut w = Writer::seekable(std::io::Cursor::new(Vec::new()), DEFAULT_PAGE_SIZE).unwrap();
+    w.begin_bucket(b"a").unwrap();
+    w.put(b"before", b"x").unwrap();
+    let placeholder = w.put_placeholder(b"sum", 8).unwrap();
+    w.put(b"zafter", b"y").unwrap();
+    w.end_bucket().unwrap();
+    for (name, entries) in &buckets {
+        w.begin_bucket(name).unwrap();
+        for (k, v) in entries {
+            w.put(k, v).unwrap();
+        }
+        w.end_bucket().unwrap();
+    }
+    w.fill(placeholder, &sum(&data)).unwrap();
+    let (_, out) = w.finish_seekable().unwrap();
+    buckets.insert(
+        1,
+        (
+            b"a".to_vec(),
+            vec![
+                (b"before".to_vec(), b"x".to_vec()),
+                (b"sum".to_vec(), sum(&data)),
+                (b"zafter".to_vec(), b"y".to_vec()),
+            ],
+        ),
+    );
+    buckets.sort();
+    let db = Db::open(out.into_inner()).unwrap();
+    assert_eq!(db.check().unwrap(), Vec::<String>::new());
+    assert_eq!(read_all(&db), buckets);
+}
+
+#[test]
+fn placeholders_are_filled_once_written_and_with_their_length() {
+    let mut w = Writer::seekable(std::io::Cursor::new(Vec::new()), DEFAULT_PAGE_SIZE).unwrap();
+    w.begin_bucket(b"a").unwrap();
+    let early = w.put_placeholder(b"k", 4).unwrap();
+    assert!(
+        w.fill(early, b"1234").is_err(),
+        "its page is not written yet"
+    );
+    let short = w.put_placeholder(b"l", 4).unwrap();
+    w.end_bucket().unwrap();
+    assert!(w.fill(short, b"123").is_err(), "not its length");
+    // A writer for a stream has no seekable finish, and a seekable one no plain finish.
+    assert!(w.finish().is_err());
+    let (layout, _) = write(&sample(10, |_| 1));
+    let planned = Writer::with_layout(std::io::Cursor::new(Vec::new()), layout).unwrap();
+    assert!(planned.finish_seekable().is_err());
+}
+
 #[test]
 fn input_out_of_order_is_refused() {
     let mut w = Writer::plan(DEFAULT_PAGE_SIZE);

@@ -60,10 +60,11 @@ pub(crate) fn write_atomic_parts(path: &Path, parts: &[&[u8]]) -> io::Result<()>
 }
 
 /// [`write_atomic`] of what `fill` writes (through a buffer), for contents made as they are
-/// written.
+/// written. `fill` is given the buffered file itself, which it may seek in (a snapshot fills
+/// in its header once the rest is written); it starts empty and at its start.
 pub(crate) fn write_atomic_with(
     path: &Path,
-    fill: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
+    fill: &mut dyn FnMut(&mut io::BufWriter<File>) -> io::Result<()>,
 ) -> io::Result<()> {
     let tmp = tmp_path(path);
     let written = (|| {

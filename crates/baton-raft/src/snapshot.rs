@@ -15,7 +15,7 @@
 //! the directory fsynced, so a crash leaves either the old or the new snapshot, both whole.
 
 use std::fs;
-use std::io;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use baton_bbolt::Db;
@@ -308,13 +308,14 @@ pub(crate) fn write_db(
         consistent_index: meta.last_log_id.map_or(0, |l| l.index),
         members: members(meta),
     };
-    let own = OwnSnapshot::new(source, &encode_db_meta(meta))?;
+    let own = OwnSnapshot::new(source, &encode_db_meta(meta));
+    let mut size = 0;
     files::write_atomic_with(db, &mut |w| {
-        own.write(&mut *w)?;
+        size = own.write(&mut *w)?.0;
         Ok(())
     })?;
     remove_snap_files(snap_dir)?;
-    Ok(own.file_bytes())
+    Ok(size)
 }
 
 /// Deletes every `.snap` file in `dir` (a `member/snap/db` now supersedes them).

@@ -1,6 +1,6 @@
 //! Baton's state written as etcd's backend: the buckets of the crate docs' table, in name
-//! order, each in key order, through `baton_bbolt::Writer` (run twice: the plan, then the
-//! bytes).
+//! order, each in key order, through `baton_bbolt::Writer` (into a stream: run twice, the
+//! plan then the bytes; into a file, Baton's own snapshot: once, `own.rs`).
 //!
 //! The source is a frozen copy of the state (`StateMachine`'s clone is O(1) in the key
 //! store), so writing takes no lock and applies go on meanwhile; both runs read the same
@@ -52,37 +52,15 @@ fn alarm_type(a: AlarmType) -> i32 {
 impl SnapshotSource {
     /// The dry run: where the file ends (its size is `layout.file_bytes()`).
     pub fn plan(&self) -> Result<Layout, baton_bbolt::Error> {
-        self.plan_with(&[], &mut |_, _| {})
+        let mut w = Writer::plan(DEFAULT_PAGE_SIZE);
+        self.buckets(&mut w, &mut |_| Ok(()), &mut |_, _| {})?;
+        Ok(w.finish()?.0)
     }
 
     /// The bbolt bytes into `out`, for the layout `plan` gave; returns `out`.
     pub fn write<W: Write>(&self, out: W, layout: Layout) -> Result<W, baton_bbolt::Error> {
-        self.write_with(out, layout, &[])
-    }
-
-    /// [`SnapshotSource::plan`] with the `baton` bucket holding `own` (Baton's own
-    /// `member/snap/db`, `own.rs`); every `key` bucket entry is also given to `seen`, as
-    /// planned (the layout depends on the sizes of keys and values only, so `own` may hold
-    /// a placeholder of the right length for a value computed here).
-    pub(crate) fn plan_with(
-        &self,
-        own: &[(&[u8], Vec<u8>)],
-        seen: &mut dyn FnMut(&[u8], &[u8]),
-    ) -> Result<Layout, baton_bbolt::Error> {
-        let mut w = Writer::plan(DEFAULT_PAGE_SIZE);
-        self.buckets(&mut w, own, seen)?;
-        Ok(w.finish()?.0)
-    }
-
-    /// [`SnapshotSource::write`] with the `baton` bucket holding `own` (empty: no bucket).
-    pub(crate) fn write_with<W: Write>(
-        &self,
-        out: W,
-        layout: Layout,
-        own: &[(&[u8], Vec<u8>)],
-    ) -> Result<W, baton_bbolt::Error> {
         let mut w = Writer::with_layout(out, layout)?;
-        self.buckets(&mut w, own, &mut |_, _| {})?;
+        self.buckets(&mut w, &mut |_| Ok(()), &mut |_, _| {})?;
         Ok(w.finish()?.1)
     }
 
@@ -109,10 +87,13 @@ impl SnapshotSource {
         })
     }
 
-    fn buckets<W: Write>(
+    /// Every bucket into `w`: `own` writes the `baton` bucket (Baton's own snapshot) or
+    /// nothing (an export), in its place between `authUsers` and `cluster`; every `key`
+    /// bucket entry is also given to `seen`.
+    pub(crate) fn buckets<W: Write>(
         &self,
         w: &mut Writer<W>,
-        own: &[(&[u8], Vec<u8>)],
+        own: &mut dyn FnMut(&mut Writer<W>) -> Result<(), baton_bbolt::Error>,
         seen: &mut dyn FnMut(&[u8], &[u8]),
     ) -> Result<(), baton_bbolt::Error> {
         let sm = &self.state;
@@ -182,13 +163,7 @@ impl SnapshotSource {
         bucket(w, layout::AUTH_USERS, users)?;
 
         // `baton` sorts between `authUsers` and `cluster`: buckets go in name order.
-        if !own.is_empty() {
-            bucket(
-                w,
-                layout::BATON,
-                own.iter().map(|(k, v)| (k.to_vec(), v.clone())),
-            )?;
-        }
+        own(w)?;
 
         bucket(
             w,

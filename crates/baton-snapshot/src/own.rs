@@ -22,9 +22,9 @@
 //! ([`KvChecksum::Mismatch`]), who decides (baton-raft refuses to serve it unless the
 //! initial corruption check will compare it with the peers).
 
-use std::io::Write;
+use std::io::{Seek, Write};
 
-use baton_bbolt::{Db, Layout, ReadAt};
+use baton_bbolt::{Db, ReadAt, Writer, DEFAULT_PAGE_SIZE};
 use baton_core::{Importer, StateMachine, Tables};
 use sha2::{Digest, Sha256};
 
@@ -58,12 +58,15 @@ impl KvHasher {
     }
 }
 
-/// A Baton snapshot ready to be written as `member/snap/db`: planned when made, written
-/// by [`OwnSnapshot::write`] (both runs over the same frozen state, as [`SnapshotSource`]).
+/// A Baton snapshot to be written as `member/snap/db`, in one pass over the frozen state
+/// ([`SnapshotSource`]) into a file.
 pub struct OwnSnapshot {
     source: SnapshotSource,
+    /// The `baton` bucket, in key order (the writer takes a bucket's entries sorted).
     bucket: Vec<(&'static [u8], Vec<u8>)>,
-    layout: Layout,
+    /// Whether `kv_sha256` is computed as the `key` bucket is written (always, but in a
+    /// test that writes a bucket as given, as an edit of the file would leave it).
+    compute_kv_sha256: bool,
 }
 
 /// Where `kv_sha256` is in the bucket (entries in key order).
@@ -71,39 +74,52 @@ const KV_SHA256_AT: usize = 1;
 
 impl OwnSnapshot {
     /// `raft` is the caller's record of where the state is in its log (opaque here; stored
-    /// with a CRC-32C). The `key` bucket's checksum goes into the `baton` bucket, which
-    /// precedes it in the file: it is computed during the dry run, with a placeholder of its
-    /// length in the plan (the layout depends on sizes only; the real run asserts it ends
-    /// where the plan said), so the key space is encoded twice, not three times.
-    pub fn new(source: SnapshotSource, raft: &[u8]) -> Result<OwnSnapshot, baton_bbolt::Error> {
+    /// with a CRC-32C).
+    pub fn new(source: SnapshotSource, raft: &[u8]) -> OwnSnapshot {
         let mut raft_value = crc32c::crc32c(raft).to_be_bytes().to_vec();
         raft_value.extend_from_slice(raft);
-        // In key order: the writer takes a bucket's entries sorted.
-        let mut bucket = vec![
+        let bucket = vec![
             (FORMAT_KEY, OWN_FORMAT.to_be_bytes().to_vec()),
             (KV_SHA256_KEY, vec![0; 32]),
             (RAFT_KEY, raft_value),
             (TABLES_KEY, source.state.tables_snapshot()),
         ];
         debug_assert_eq!(bucket[KV_SHA256_AT].0, KV_SHA256_KEY);
-        let mut hasher = KvHasher::default();
-        let layout = source.plan_with(&bucket, &mut |k, v| hasher.entry(k, v))?;
-        bucket[KV_SHA256_AT].1 = hasher.finish().to_vec();
-        Ok(OwnSnapshot {
+        OwnSnapshot {
             source,
             bucket,
-            layout,
-        })
+            compute_kv_sha256: true,
+        }
     }
 
-    /// The file's size in bytes.
-    pub fn file_bytes(&self) -> u64 {
-        self.layout.file_bytes()
-    }
-
-    /// The bbolt bytes into `out`; returns `out`.
-    pub fn write<W: Write>(&self, out: W) -> Result<W, baton_bbolt::Error> {
-        self.source.write_with(out, self.layout, &self.bucket)
+    /// The bbolt bytes into `out` (an empty file), in one pass: the `key` bucket's checksum
+    /// goes into the `baton` bucket, which precedes it in the file, so its value is reserved
+    /// there and filled in once the `key` bucket is written (the key space is encoded once).
+    /// Returns the file's size and `out`.
+    pub fn write<W: Write + Seek>(&self, out: W) -> Result<(u64, W), baton_bbolt::Error> {
+        let mut w = Writer::seekable(out, DEFAULT_PAGE_SIZE)?;
+        let mut kv_sha256 = None;
+        let mut hasher = KvHasher::default();
+        self.source.buckets(
+            &mut w,
+            &mut |w| {
+                w.begin_bucket(layout::BATON)?;
+                for (i, (k, v)) in self.bucket.iter().enumerate() {
+                    if i == KV_SHA256_AT && self.compute_kv_sha256 {
+                        kv_sha256 = Some(w.put_placeholder(k, v.len())?);
+                    } else {
+                        w.put(k, v)?;
+                    }
+                }
+                w.end_bucket()
+            },
+            &mut |k, v| hasher.entry(k, v),
+        )?;
+        if let Some(placeholder) = kv_sha256 {
+            w.fill(placeholder, &hasher.finish())?;
+        }
+        let (layout, out) = w.finish_seekable()?;
+        Ok((layout.file_bytes(), out))
     }
 }
 
@@ -274,25 +290,46 @@ mod tests {
     }
 
     fn bytes(own: &OwnSnapshot) -> Vec<u8> {
-        let out = own.write(Vec::new()).unwrap();
-        assert_eq!(out.len() as u64, own.file_bytes());
+        let (size, out) = own.write(std::io::Cursor::new(Vec::new())).unwrap();
+        let out = out.into_inner();
+        assert_eq!(out.len() as u64, size);
         out
+    }
+
+    /// The `baton` bucket of the file `own` writes.
+    fn written_bucket(own: &OwnSnapshot) -> Vec<(&'static [u8], Vec<u8>)> {
+        let db = Db::open(bytes(own)).unwrap();
+        let bucket = db.bucket(layout::BATON).unwrap().unwrap();
+        let mut values = Vec::new();
+        db.for_each(&bucket, "baton", &mut |k, v, _| {
+            values.push((k.to_vec(), v.to_vec()));
+            Ok(())
+        })
+        .unwrap();
+        let keys = [FORMAT_KEY, KV_SHA256_KEY, RAFT_KEY, TABLES_KEY];
+        assert_eq!(values.len(), keys.len());
+        keys.into_iter()
+            .zip(values)
+            .map(|(key, (k, v))| {
+                assert_eq!(key, k.as_slice());
+                (key, v)
+            })
+            .collect()
     }
 
     /// `source` written under `bucket` as it is (a test's edit of the file).
     fn with_bucket(source: SnapshotSource, bucket: Vec<(&'static [u8], Vec<u8>)>) -> OwnSnapshot {
-        let layout = source.plan_with(&bucket, &mut |_, _| {}).unwrap();
         OwnSnapshot {
             source,
             bucket,
-            layout,
+            compute_kv_sha256: false,
         }
     }
 
     #[test]
     fn written_and_read_back_is_the_same_state() {
         let sm = state(&[("a", "1"), ("b", "2"), ("a", "3")]);
-        let file = bytes(&OwnSnapshot::new(source(&sm), b"raft meta").unwrap());
+        let file = bytes(&OwnSnapshot::new(source(&sm), b"raft meta"));
         let db = Db::open(file).unwrap();
         assert!(db.check().unwrap().is_empty(), "bbolt's own check passes");
         assert!(is_own(&db).unwrap());
@@ -324,16 +361,16 @@ mod tests {
     #[test]
     fn a_changed_key_bucket_fails_its_checksum() {
         let sm = state(&[("a", "1"), ("b", "2")]);
-        let original = OwnSnapshot::new(source(&sm), b"m").unwrap();
+        let original = written_bucket(&OwnSnapshot::new(source(&sm), b"m"));
         let edited_state = state(&[("a", "1"), ("b", "X")]);
-        let edited = with_bucket(source(&edited_state), original.bucket.clone());
+        let edited = with_bucket(source(&edited_state), original.clone());
         let db = Db::open(bytes(&edited)).unwrap();
         let loaded = read_own(&db, &mut |_| {}).unwrap();
         assert!(matches!(loaded.kv_checksum, KvChecksum::Mismatch { .. }));
         assert_eq!(loaded.state.hash_kv(0), edited_state.hash_kv(0));
         // a key space at a revision the tables do not reach does not import
         let beyond = state(&[("a", "1"), ("b", "2"), ("c", "3")]);
-        let edited = with_bucket(source(&beyond), original.bucket.clone());
+        let edited = with_bucket(source(&beyond), original);
         let db = Db::open(bytes(&edited)).unwrap();
         assert!(matches!(
             read_own(&db, &mut |_| {}),
@@ -344,11 +381,11 @@ mod tests {
     #[test]
     fn a_damaged_baton_bucket_is_refused() {
         let sm = state(&[("a", "1")]);
-        let mut bucket = OwnSnapshot::new(source(&sm), b"m").unwrap().bucket;
+        let mut bucket = written_bucket(&OwnSnapshot::new(source(&sm), b"m"));
         bucket[2].1[4] ^= 1; // the raft record, after its CRC
         let db = Db::open(bytes(&with_bucket(source(&sm), bucket))).unwrap();
         assert!(matches!(read_own(&db, &mut |_| {}), Err(ReadError::Own(_))));
-        let mut bucket = OwnSnapshot::new(source(&sm), b"m").unwrap().bucket;
+        let mut bucket = written_bucket(&OwnSnapshot::new(source(&sm), b"m"));
         bucket[0].1 = 2u32.to_be_bytes().to_vec();
         let db = Db::open(bytes(&with_bucket(source(&sm), bucket))).unwrap();
         assert!(matches!(read_own(&db, &mut |_| {}), Err(ReadError::Own(_))));
@@ -361,9 +398,9 @@ mod tests {
     #[test]
     fn the_baton_bucket_is_pinned() {
         let sm = state(&[("a", "1"), ("b", "2"), ("a", "3")]);
-        let own = OwnSnapshot::new(source(&sm), b"raft meta").unwrap();
+        let own = OwnSnapshot::new(source(&sm), b"raft meta");
         let mut bytes = Vec::new();
-        for (k, v) in &own.bucket {
+        for (k, v) in &written_bucket(&own) {
             bytes.extend_from_slice(&(k.len() as u32).to_be_bytes());
             bytes.extend_from_slice(k);
             bytes.extend_from_slice(&(v.len() as u32).to_be_bytes());

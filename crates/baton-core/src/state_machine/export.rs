@@ -54,55 +54,70 @@ impl StateMachine {
     /// Every retained version in `(revision, sub)` order, borrowed from the state (take it
     /// from a clone: the key store's clone is O(1)).
     ///
-    /// Versions after the compact revision come from the change index, which lists each
-    /// revision's keys in operation order: `sub` is that position, as etcd's. At or below it
-    /// each key keeps at most its one live version and the order within a revision is gone
-    /// with the compacted history; those are numbered in key order. Memory: a reference and
-    /// a revision per such version (24 bytes), to sort them; nothing of keys or values.
+    /// Built from one walk of the key map, a sort by revision and a walk of the change index
+    /// alongside, not a key map lookup per version through the change index: a backup or
+    /// snapshot of n versions then costs sequential walks and a sort of integers instead of
+    /// n B-tree descents comparing keys (the lookups were half of a snapshot's CPU under
+    /// write load).
+    ///
+    /// Above the compact revision, `sub` is the version's position in its revision's entry
+    /// of the change index (operation order, as etcd's); at or below it each key keeps at
+    /// most its one live version and the order within a revision is gone with the compacted
+    /// history, so those are numbered in key order. Memory: a reference and a revision per
+    /// version (24 bytes), to sort them; nothing of keys or values.
     pub fn versions_in_revision_order(&self) -> impl Iterator<Item = VersionRef<'_>> + '_ {
         let compact = self.compact_revision;
-        let mut compacted: Vec<(i64, &Key, &Version)> = self
+        let mut all: Vec<(i64, &Key, &Version)> = self
             .store
             .keys()
             .iter()
-            .filter_map(|(k, vs)| {
-                let v = vs.first()?;
-                (v.mod_revision <= compact).then_some((v.mod_revision, k, v))
-            })
+            .flat_map(|(k, vs)| vs.iter().map(move |v| (v.mod_revision, k, v)))
             .collect();
         // Already in key order; a stable sort by revision keeps key order within one.
-        compacted.sort_by_key(|(rev, _, _)| *rev);
-        let mut subs = 0i64;
-        let mut last_rev = 0i64;
-        let below = compacted.into_iter().map(move |(rev, key, v)| {
-            if rev != last_rev {
-                last_rev = rev;
-                subs = 0;
+        all.sort_by_key(|(rev, _, _)| *rev);
+        // Revisions above the compact revision come in the change index's order too, so it is
+        // walked alongside rather than searched.
+        let mut changes = self.store.changes().iter();
+        let mut next = 0;
+        // A txn's versions in operation order, last first (popped).
+        let mut pending: Vec<VersionRef<'_>> = Vec::new();
+        std::iter::from_fn(move || {
+            if let Some(v) = pending.pop() {
+                return Some(v);
             }
-            let r = version_ref(key, v, subs);
-            subs += 1;
-            r
-        });
-        let keys = self.store.keys();
-        let above = self
-            .store
-            .changes()
-            .iter()
-            .flat_map(move |(&rev, changed)| {
-                changed
-                    .as_slice()
-                    .iter()
-                    .enumerate()
-                    .map(move |(sub, key)| {
-                        let (key, versions) =
-                            keys.get_key_value(key).expect("change index names a key");
-                        let at = versions
-                            .binary_search_by_key(&rev, |v| v.mod_revision)
-                            .expect("change index names a retained version");
-                        version_ref(key, &versions[at], sub as i64)
-                    })
-            });
-        below.chain(above)
+            let &(rev, _, _) = all.get(next)?;
+            let same = all[next..].iter().take_while(|(r, _, _)| *r == rev).count();
+            let group = &all[next..next + same];
+            next += same;
+            if rev <= compact {
+                pending.extend(
+                    group
+                        .iter()
+                        .enumerate()
+                        .rev()
+                        .map(|(sub, (_, k, v))| version_ref(k, v, sub as i64)),
+                );
+                return pending.pop();
+            }
+            let (&changed_at, changed) = changes
+                .next()
+                .expect("every version above the compact revision is in the change index");
+            let changed = changed.as_slice();
+            assert!(
+                changed_at == rev && changed.len() == group.len(),
+                "the change index and the key map agree on revision {rev}"
+            );
+            // Several keys at one revision (a txn): operation order, found by key in the
+            // group (which is in key order).
+            for (sub, key) in changed.iter().enumerate().rev() {
+                let at = group
+                    .binary_search_by(|(_, k, _)| k.as_ref().cmp(key.as_ref()))
+                    .expect("the change index names a version of its revision");
+                let (_, k, v) = group[at];
+                pending.push(version_ref(k, v, sub as i64));
+            }
+            pending.pop()
+        })
     }
 
     /// Every lease, by id.

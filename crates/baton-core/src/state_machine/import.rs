@@ -408,6 +408,76 @@ mod tests {
             .unwrap()
     }
 
+    /// The order as the change index gives it, one key map lookup per version (what
+    /// `versions_in_revision_order` computed before it sorted instead).
+    fn by_lookups(sm: &StateMachine) -> Vec<(Vec<u8>, i64, i64)> {
+        let compact = sm.compact_revision;
+        let mut below: Vec<(i64, Vec<u8>)> = sm
+            .store
+            .keys()
+            .iter()
+            .filter_map(|(k, vs)| {
+                let v = vs.first()?;
+                (v.mod_revision <= compact).then(|| (v.mod_revision, k.to_vec()))
+            })
+            .collect();
+        below.sort_by_key(|(rev, _)| *rev);
+        let mut out = Vec::new();
+        for (i, (rev, key)) in below.iter().enumerate() {
+            let sub = below[..i].iter().filter(|(r, _)| r == rev).count() as i64;
+            out.push((key.clone(), *rev, sub));
+        }
+        for (&rev, changed) in sm.store.changes().iter() {
+            for (sub, key) in changed.as_slice().iter().enumerate() {
+                let versions = sm.store.keys().get(key).expect("a changed key");
+                assert!(versions.iter().any(|v| v.mod_revision == rev));
+                out.push((key.to_vec(), rev, sub as i64));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn versions_come_in_revision_then_operation_order() {
+        let mut sm = sample();
+        // A txn whose operations are not in key order: its sub revisions follow them.
+        let ops = ["z2", "a9", "z0", "m5"]
+            .iter()
+            .map(|k| {
+                let Command::Put(p) = put(k, "txn") else {
+                    unreachable!()
+                };
+                RequestOp::Put(p)
+            })
+            .collect();
+        sm.apply(&entry(
+            sm.last_applied().0 .0 + 1,
+            Command::Txn(TxnRequest {
+                success: ops,
+                ..TxnRequest::default()
+            }),
+        ));
+        let got: Vec<(Vec<u8>, i64, i64)> = sm
+            .versions_in_revision_order()
+            .map(|v| (v.key.to_vec(), v.mod_revision, v.sub))
+            .collect();
+        assert_eq!(got, by_lookups(&sm));
+        let last: Vec<(&[u8], i64)> = got
+            .iter()
+            .filter(|(_, rev, _)| *rev == sm.revision().0)
+            .map(|(k, _, sub)| (k.as_slice(), *sub))
+            .collect();
+        assert_eq!(
+            last,
+            [
+                (&b"z2"[..], 0),
+                (&b"a9"[..], 1),
+                (&b"z0"[..], 2),
+                (&b"m5"[..], 3)
+            ]
+        );
+    }
+
     #[test]
     fn an_exported_state_imports_as_the_same_key_space() {
         let sm = sample();
