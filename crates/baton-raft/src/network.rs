@@ -626,7 +626,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
                 Ok(_) if overlapped_early || self.peers.early_in_flight(self.target) => {}
                 Ok(_) => {
                     if let Some(m) = self.peers.meters.known(self.target) {
-                        m.round_trip.record(started.elapsed().as_secs_f64());
+                        m.timed_round_trip(started.elapsed());
                     }
                 }
                 Err(_) => {

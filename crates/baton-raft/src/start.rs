@@ -206,10 +206,14 @@ impl Node {
                 cluster_credential: credential,
                 raft: replica.raft.clone(),
                 handlers: Arc::downgrade(&node.parts.handlers),
-                meters,
+                meters: meters.clone(),
             };
             let tasks = peer_server::spawn(peer_listeners, service);
             node.parts.tasks.lock().extend(tasks);
+            let round_trips = tokio::spawn(crate::peer_meters::report_round_trips(Arc::downgrade(
+                &meters,
+            )));
+            node.parts.tasks.lock().push(round_trips);
         }
         if let Err(e) = bootstrap(&node.parts, initial.as_ref(), credential).await {
             node.shutdown().await;

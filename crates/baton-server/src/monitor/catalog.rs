@@ -78,7 +78,7 @@ pub(crate) const FAMILIES: &[(&str, Kind, &str)] = &[
     ("etcd_network_peer_sent_bytes_total", Counter, "Peer payload bytes sent to each member (requests this member made and answers it gave)."),
     ("etcd_network_peer_received_bytes_total", Counter, "Peer payload bytes received from each member (requests and answers)."),
     ("etcd_network_peer_sent_failures_total", Counter, "Peer calls to each member that failed or timed out."),
-    ("etcd_network_peer_round_trip_time_seconds", Histogram, "Round trip of the leader's heartbeats to each member (measured by the leader only)."),
+    ("etcd_network_peer_round_trip_time_seconds", Histogram, "Smoothed round trip of the leader's heartbeats to each member, observed every 30 s as etcd observes its prober's (measured by the leader only)."),
     ("etcd_network_client_grpc_received_bytes_total", Counter, "Bytes of gRPC messages received from clients (without gRPC's 5-byte message prefix)."),
     ("etcd_network_client_grpc_sent_bytes_total", Counter, "Bytes of gRPC messages sent to clients (without gRPC's 5-byte message prefix)."),
     // ---- go-grpc-prometheus ------------------------------------------------------------------
