@@ -185,9 +185,15 @@ impl<W: Write + Seek> Writer<W> {
                 value.len()
             )));
         }
-        let at = self.placeholders[placeholder.index].ok_or_else(|| {
-            Error::Input("a placeholder filled before its page was written".into())
-        })?;
+        let at = match self.placeholders.get(placeholder.index) {
+            Some(Some(at)) => *at,
+            Some(None) => {
+                return Err(Error::Input(
+                    "a placeholder filled before its page was written".into(),
+                ))
+            }
+            None => return Err(Error::Input("a placeholder of another writer".into())),
+        };
         self.out.seek(SeekFrom::Start(at))?;
         self.out.write_all(value)?;
         self.out.seek(SeekFrom::Start(self.written))?;

@@ -63,16 +63,20 @@ fn sample(keys: usize, value_len: impl Fn(usize) -> usize) -> Buckets {
     ]
 }
 
-#[test]
-fn what_is_written_reads_back_with_no_integrity_problem() {
-    // Small values (many per leaf, several branch levels), values larger than a page
-    // (overflow pages) and an empty bucket.
-    for buckets in [
+/// Small values (many per leaf, several branch levels), values larger than a page (overflow
+/// pages), an empty bucket, no bucket at all.
+fn shapes() -> [Buckets; 4] {
+    [
         sample(20_000, |i| i % 40),
         sample(300, |i| if i % 7 == 0 { 10_000 + i } else { 30 }),
         sample(0, |_| 0),
         Vec::new(),
-    ] {
+    ]
+}
+
+#[test]
+fn what_is_written_reads_back_with_no_integrity_problem() {
+    for buckets in shapes() {
         let (layout, bytes) = write(&buckets);
         let db = Db::open(bytes.clone()).unwrap();
         assert_eq!(db.size(), layout.file_bytes());
@@ -165,12 +169,7 @@ fn write_seekable(buckets: &Buckets) -> (Layout, Vec<u8>) {
 
 #[test]
 fn one_seekable_run_writes_what_two_runs_write() {
-    for buckets in [
-        sample(20_000, |i| i % 40),
-        sample(300, |i| if i % 7 == 0 { 10_000 + i } else { 30 }),
-        sample(0, |_| 0),
-        Vec::new(),
-    ] {
+    for buckets in shapes() {
         let two = write(&buckets);
         let one = write_seekable(&buckets);
         assert_eq!(one.0, two.0);
