@@ -61,15 +61,18 @@ async fn deadline_and_failover_from_a_hung_member(t: Target) {
         Proxy::start(t.server().endpoint()).await,
         Proxy::start(t.server().endpoint()).await,
     );
+    // 1 s, not less: the call after the failover runs on the server every test of this
+    // binary shares, and under CI's load (swarm tests beside it) a 300 ms deadline was once
+    // missed by the live member too.
     let c = Client::connect(
         t.config(vec![p1.endpoint(), p2.endpoint()])
-            .with_request_timeout(Duration::from_millis(300)),
+            .with_request_timeout(Duration::from_secs(1)),
     )
     .await
     .unwrap();
     let key = unique("hung");
     // The warm-up put runs on the server every test of this binary shares: under load it may
-    // itself miss the 300 ms (CI saw it once), and the client then moves to the other proxy.
+    // itself miss the deadline (CI saw it once), and the client then moves to the other proxy.
     // The deadline under test is the hung member's, so the warm-up is retried and the
     // proxies named by where the client ended up.
     let mut attempts = 0;
@@ -89,7 +92,7 @@ async fn deadline_and_failover_from_a_hung_member(t: Target) {
     let started = Instant::now();
     let r = c.get(key.as_str(), GetOptions::new()).await;
     assert!(matches!(r, Err(Error::DeadlineExceeded { .. })), "{r:?}");
-    assert!(started.elapsed() < Duration::from_secs(2));
+    assert!(started.elapsed() < Duration::from_secs(3));
     // The hung connection was dropped; the next call goes to the other member.
     let r = c.get(key.as_str(), GetOptions::new()).await.unwrap();
     assert_eq!(r.kvs[0].value, b"1");
