@@ -123,6 +123,30 @@ impl DerivedIds {
     pub(crate) fn initializer(&self) -> u64 {
         self.members[0].0
     }
+
+    /// The first membership of a new cluster, `me` as `own` and every other member with its
+    /// peer URLs only: name and client URLs are published by each member itself once it runs.
+    pub(crate) fn initial_membership(
+        &self,
+        me: u64,
+        own: &crate::types::Member,
+    ) -> Vec<(u64, crate::types::Member)> {
+        self.members
+            .iter()
+            .map(|(id, m)| {
+                let member = if *id == me {
+                    own.clone()
+                } else {
+                    crate::types::Member {
+                        name: String::new(),
+                        peer_urls: m.peer_urls.clone(),
+                        client_urls: Vec::new(),
+                    }
+                };
+                (*id, member)
+            })
+            .collect()
+    }
 }
 
 /// Derives member ids and the cluster id, and checks that `name` is listed with exactly the

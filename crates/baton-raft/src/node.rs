@@ -347,27 +347,38 @@ impl Node {
     /// Every member of the current membership. This member is shown as configured now; the
     /// others as they last published themselves (name and client URLs are empty until a
     /// member has run and published them, as etcd shows "unstarted" members).
+    ///
+    /// A member of a new cluster that the initializer has not reached yet has no membership
+    /// entry: it lists the members `--initial-cluster` names, as the initializer writes them
+    /// into that entry. etcd lists its bootstrap members from the start too, and a client
+    /// asking right after the start would otherwise see a cluster of no members.
     pub fn members(&self) -> Vec<MemberInfo> {
         let replica = &self.parts.replica;
         let membership = replica.raft.metrics().borrow().membership_config.clone();
         let voters: Vec<u64> = membership.voter_ids().collect();
-        membership
+        let mut listed: Vec<(u64, crate::types::Member)> = membership
             .nodes()
+            .map(|(id, node)| (*id, node.clone()))
+            .collect();
+        if listed.is_empty() {
+            listed = bootstrap_members(&replica.config);
+        }
+        let bootstrapping = voters.is_empty();
+        listed
+            .into_iter()
             .map(|(id, node)| {
-                let me = *id == replica.member_id;
-                let (name, peer_urls, client_urls) = if me {
+                let (name, peer_urls, client_urls) = if id == replica.member_id {
                     let c = &replica.config;
                     (c.name.clone(), c.peer_urls.clone(), c.client_urls.clone())
                 } else {
-                    let n = node.clone();
-                    (n.name, n.peer_urls, n.client_urls)
+                    (node.name, node.peer_urls, node.client_urls)
                 };
                 MemberInfo {
-                    id: *id,
+                    id,
                     name,
                     peer_urls,
                     client_urls,
-                    is_learner: !voters.contains(id),
+                    is_learner: !bootstrapping && !voters.contains(&id),
                 }
             })
             .collect()
@@ -529,4 +540,28 @@ impl Node {
             loop_ops: s.loop_ops.load(Ordering::Relaxed),
         }
     }
+}
+
+/// The members a new cluster starts with (`--initial-cluster`, state `new`), as the
+/// initializer writes them into the first membership entry. Empty for a single-member
+/// replica and for a member joining an existing cluster: those learn the membership from
+/// the cluster.
+fn bootstrap_members(config: &crate::NodeConfig) -> Vec<(u64, crate::types::Member)> {
+    let Some(cluster) = config.cluster.as_ref() else {
+        return Vec::new();
+    };
+    if cluster.state != crate::InitialClusterState::New {
+        return Vec::new();
+    }
+    // Derived (and checked) alike at start; a configuration that failed there never ran.
+    let Ok(ids) = crate::cluster::derive_ids(cluster, &config.name, &config.peer_urls) else {
+        return Vec::new();
+    };
+    let me = ids.id_of(&config.name).unwrap_or_default();
+    let own = crate::types::Member {
+        name: config.name.clone(),
+        peer_urls: config.peer_urls.clone(),
+        client_urls: config.client_urls.clone(),
+    };
+    ids.initial_membership(me, &own)
 }

@@ -559,20 +559,7 @@ async fn bootstrap(
         let members = match initial {
             None => Some(BTreeMap::from([(me, own)])),
             Some((ids, InitialClusterState::New)) if ids.initializer() == me => {
-                let all = ids.members.iter().map(|(id, m)| {
-                    let node = if *id == me {
-                        own.clone()
-                    } else {
-                        // Name and client URLs are published by the member itself.
-                        Member {
-                            name: String::new(),
-                            peer_urls: m.peer_urls.clone(),
-                            client_urls: Vec::new(),
-                        }
-                    };
-                    (*id, node)
-                });
-                Some(all.collect())
+                Some(ids.initial_membership(me, &own).into_iter().collect())
             }
             Some(_) => None,
         };

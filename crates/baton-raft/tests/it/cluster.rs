@@ -363,6 +363,40 @@ async fn early_answers_stand_in_for_openrafts_requests() {
     }
 }
 
+/// A member of a new cluster that the initializer has not reached (here: the only one
+/// started) lists the members `--initial-cluster` names, under the ids every member derives,
+/// as etcd does; it does not answer a cluster of no members.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_not_yet_reached_lists_its_initial_cluster() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfgs = configs(tmp.path(), 3);
+    let ids: Vec<u64> = cfgs
+        .iter()
+        .map(|c| baton_raft::etcd_member_id(&c.peer_urls, "t", None))
+        .collect();
+    let initializer = (0..3).min_by_key(|i| ids[*i]).unwrap();
+    let waiting = (initializer + 1) % 3;
+    let node = Node::start(cfgs[waiting].clone()).await.expect("start");
+    let mut members = node.members();
+    members.sort_by_key(|m| m.id);
+    let mut expected: Vec<(u64, usize)> = (0..3).map(|i| (ids[i], i)).collect();
+    expected.sort_unstable();
+    assert_eq!(members.len(), 3, "{members:?}");
+    for (m, (id, i)) in members.iter().zip(expected) {
+        assert_eq!(m.id, id);
+        assert_eq!(m.peer_urls, cfgs[i].peer_urls);
+        assert!(!m.is_learner);
+        if i == waiting {
+            assert_eq!(m.name, cfgs[i].name);
+            assert_eq!(m.client_urls, cfgs[i].client_urls);
+        } else {
+            // Not yet published by the member itself: etcd's "unstarted".
+            assert!(m.name.is_empty() && m.client_urls.is_empty(), "{m:?}");
+        }
+    }
+    node.shutdown().await;
+}
+
 #[tokio::test]
 async fn inconsistent_cluster_flags_are_refused() {
     let tmp = tempfile::tempdir().unwrap();
