@@ -396,3 +396,19 @@ async fn a_leader_without_a_quorum_has_no_leader() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A serving member runs with transparent huge pages off (`PR_SET_THP_DISABLE`, see
+/// `transparent_huge_pages_off_for_serve` in main.rs): with them, mimalloc's memory was held resident
+/// in 2 MiB pages (idle 33 MiB RSS instead of 22).
+#[test]
+fn a_serving_member_runs_without_transparent_huge_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Baton::start(dir.path());
+    let pid = b.child.as_ref().expect("running").id();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let thp = status
+        .lines()
+        .find_map(|l| l.strip_prefix("THP_enabled:"))
+        .map(str::trim);
+    assert_eq!(thp, Some("0"), "{status}");
+}
