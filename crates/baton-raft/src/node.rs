@@ -360,10 +360,11 @@ impl Node {
             .nodes()
             .map(|(id, node)| (*id, node.clone()))
             .collect();
-        if listed.is_empty() {
+        // Every bootstrap member is a voter (etcd's `--initial-cluster` has no learners).
+        let bootstrapping = listed.is_empty();
+        if bootstrapping {
             listed = bootstrap_members(&replica.config);
         }
-        let bootstrapping = voters.is_empty();
         listed
             .into_iter()
             .map(|(id, node)| {
