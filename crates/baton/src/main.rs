@@ -38,7 +38,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// `main`, the arena mimalloc had already faulted in kept two huge pages (4 MiB; 100k keys
 /// then took 83.8 MiB). Only for `serve`: the flag is inherited by child processes, and
 /// `baton lock -- CMD` runs the user's command. Failing is harmless (the system's default).
-#[cfg(target_os = "linux")]
+/// glibc only: it passes argc/argv to `.init_array` functions (musl passes nothing).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[used]
 #[link_section = ".init_array"]
 static TRANSPARENT_HUGE_PAGES_OFF_FOR_SERVE: extern "C" fn(
@@ -47,7 +48,7 @@ static TRANSPARENT_HUGE_PAGES_OFF_FOR_SERVE: extern "C" fn(
     *const *const libc::c_char,
 ) = transparent_huge_pages_off_for_serve;
 
-#[cfg(target_os = "linux")]
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
 extern "C" fn transparent_huge_pages_off_for_serve(
     argc: libc::c_int,
     argv: *const *const libc::c_char,
