@@ -113,10 +113,20 @@ pub type PeerIncoming = tokio::sync::mpsc::Receiver<io::Result<PeerIo>>;
 /// A future returned by [`PeerTransport::listen`].
 pub type ListenFuture = Pin<Box<dyn Future<Output = io::Result<PeerIncoming>> + Send>>;
 
+/// A future returned by [`PeerTransport::dial`]: a connected byte stream to a peer.
+pub type DialFuture = Pin<Box<dyn Future<Output = io::Result<Box<dyn PeerStream>>> + Send>>;
+
 /// How peer connections are made and accepted when not over real TCP.
 pub trait PeerTransport: Send + Sync + 'static {
     /// A lazily connecting channel for `endpoint` (its URL names the peer).
     fn connect_lazy(&self, endpoint: Endpoint) -> Channel;
+    /// Dials the peer at `url` for the peer link (`link`): a byte stream secured as the
+    /// URL's scheme asks, as [`PeerTransport::connect_lazy`]'s connections are. `None`: this
+    /// transport makes no such streams for that URL, and calls to the peer travel on the
+    /// gRPC pipe instead.
+    fn dial(&self, _url: &str) -> Option<DialFuture> {
+        None
+    }
     /// Starts accepting connections on `addr`; fails like a TCP bind would.
     fn listen(&self, addr: SocketAddr) -> ListenFuture;
     /// Why a call failed, in the operator's terms, when the transport knows better than the

@@ -73,6 +73,7 @@ mod leader_service;
 mod lease;
 mod lease_duty;
 mod limits;
+mod link;
 mod membership;
 mod network;
 mod node;
@@ -107,10 +108,11 @@ pub use crate::cluster::{
 pub use crate::config::{NodeConfig, TimingError, DEFAULT_LEASE_CHECKPOINT_INTERVAL};
 pub use crate::deletions::KeyDeletion;
 pub use crate::env::{
-    Environment, ListenFuture, LogDisk, LogFile, PeerIncoming, PeerIo, PeerStream, PeerTransport,
-    WallClock,
+    DialFuture, Environment, ListenFuture, LogDisk, LogFile, PeerIncoming, PeerIo, PeerStream,
+    PeerTransport, WallClock,
 };
 pub use crate::error::StartError;
+pub use crate::link::{dial_plain, peer_host_port};
 pub use crate::membership::change::{
     JoinError, MemberChanged, MemberError, MemberInfo, REMOVED_MESSAGE,
 };

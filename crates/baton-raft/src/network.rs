@@ -182,15 +182,27 @@ pub(crate) struct Peers {
     /// Per peer, the pipe most calls travel on (`pipe`), or since when the peer is known
     /// not to serve pipes.
     pipes: Mutex<HashMap<u64, PipeSlot>>,
+    /// Per peer, since when it is known not to speak the peer link (`link`): its calls take
+    /// the gRPC pipe until `pipe::RETRY_UNSUPPORTED` later.
+    links_unsupported: Mutex<HashMap<u64, Instant>>,
 }
 
 /// A peer's pipe, or why it has none.
 enum PipeSlot {
-    /// Open on the channel for these peer URLs (or closed since: replaced at the next call).
-    Open(Vec<String>, Arc<PipeClient>),
+    /// Open for these peer URLs (or closed since: replaced at the next call).
+    Open(Vec<String>, Arc<PipeClient>, Carrier),
     /// The peer answered `Pipe` Unimplemented at this time: unary calls until
     /// `pipe::RETRY_UNSUPPORTED` later.
     Unsupported(Instant),
+}
+
+/// What a pipe's frames travel on, in the order tried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Carrier {
+    /// The peer link: frames on a plain (or TLS) stream of their own (`link`).
+    Link,
+    /// The gRPC stream `baton.raft.v1.Raft/Pipe` on the peer channel (`pipe`).
+    Grpc,
 }
 
 impl Peers {
@@ -217,17 +229,25 @@ impl Peers {
             early_in_flight: Mutex::new(HashMap::new()),
             early_acks: EarlyAcks::default(),
             pipes: Mutex::new(HashMap::new()),
+            links_unsupported: Mutex::new(HashMap::new()),
         }
     }
 
-    /// The pipe to `target`, opened if there is none (or it closed); `None` while the peer is
-    /// known not to serve pipes.
-    fn pipe(&self, target: u64, node: &Member) -> Result<Option<Arc<PipeClient>>, PeerError> {
+    /// The pipe to `target`, opened if there is none (or it closed): on the peer link
+    /// unless the peer is known not to speak it, else on the gRPC stream; `None` while the
+    /// peer is known to serve neither.
+    fn pipe(
+        &self,
+        target: u64,
+        node: &Member,
+    ) -> Result<Option<(Arc<PipeClient>, Carrier)>, PeerError> {
         {
             let pipes = self.pipes.lock();
             match pipes.get(&target) {
-                Some(PipeSlot::Open(urls, pipe)) if *urls == node.peer_urls && pipe.is_open() => {
-                    return Ok(Some(pipe.clone()));
+                Some(PipeSlot::Open(urls, pipe, carrier))
+                    if *urls == node.peer_urls && pipe.is_open() =>
+                {
+                    return Ok(Some((pipe.clone(), *carrier)));
                 }
                 Some(PipeSlot::Unsupported(since)) if since.elapsed() < pipe::RETRY_UNSUPPORTED => {
                     return Ok(None);
@@ -236,27 +256,69 @@ impl Peers {
             }
         }
         let channel = self.channel(target, node)?;
+        let link_known_unsupported = self
+            .links_unsupported
+            .lock()
+            .get(&target)
+            .is_some_and(|since| since.elapsed() < pipe::RETRY_UNSUPPORTED);
         let mut pipes = self.pipes.lock();
         // Another call may have opened one meanwhile.
-        if let Some(PipeSlot::Open(urls, pipe)) = pipes.get(&target) {
+        if let Some(PipeSlot::Open(urls, pipe, carrier)) = pipes.get(&target) {
             if *urls == node.peer_urls && pipe.is_open() {
-                return Ok(Some(pipe.clone()));
+                return Ok(Some((pipe.clone(), *carrier)));
             }
         }
-        let pipe = PipeClient::open(channel);
-        pipes.insert(target, PipeSlot::Open(node.peer_urls.clone(), pipe.clone()));
-        Ok(Some(pipe))
+        let dial = (!link_known_unsupported).then(|| self.dial(node)).flatten();
+        let (pipe, carrier) = match dial {
+            Some(dial) => (crate::link::open(dial), Carrier::Link),
+            None => (PipeClient::open(channel), Carrier::Grpc),
+        };
+        pipes.insert(
+            target,
+            PipeSlot::Open(node.peer_urls.clone(), pipe.clone(), carrier),
+        );
+        Ok(Some((pipe, carrier)))
     }
 
-    /// Records that `target` does not serve pipes (an older build).
-    fn pipe_unsupported(&self, target: u64) {
-        tracing::info!(
-            peer = format_args!("{target:x}"),
-            "peer does not serve the peer pipe (an older build): unary peer calls"
+    /// A dialer of `node`'s first peer URL for the peer link: the transport's, or plain TCP
+    /// for an `http://` URL when there is no transport; `None` when neither makes one.
+    fn dial(&self, node: &Member) -> Option<crate::env::DialFuture> {
+        let url = node.peer_urls.first()?;
+        match &self.transport {
+            Some(t) => t.dial(url),
+            None if url.starts_with("http://") => Some(crate::link::dial_plain(url)),
+            None => None,
+        }
+    }
+
+    /// Records that `target` does not serve pipes on `carrier` (an older build), as `pipe`
+    /// found out. Calls that were on the same pipe find out too: the first one records it.
+    fn pipe_unsupported(&self, target: u64, pipe: &Arc<PipeClient>, carrier: Carrier) {
+        let mut pipes = self.pipes.lock();
+        let current = matches!(
+            pipes.get(&target),
+            Some(PipeSlot::Open(_, open, _)) if Arc::ptr_eq(open, pipe)
         );
-        self.pipes
-            .lock()
-            .insert(target, PipeSlot::Unsupported(Instant::now()));
+        if !current {
+            return;
+        }
+        match carrier {
+            Carrier::Link => {
+                tracing::info!(
+                    peer = format_args!("{target:x}"),
+                    "peer does not speak the peer link (an older build): calls on the gRPC pipe"
+                );
+                self.links_unsupported.lock().insert(target, Instant::now());
+                pipes.remove(&target);
+            }
+            Carrier::Grpc => {
+                tracing::info!(
+                    peer = format_args!("{target:x}"),
+                    "peer does not serve the peer pipe (an older build): unary peer calls"
+                );
+                pipes.insert(target, PipeSlot::Unsupported(Instant::now()));
+            }
+        }
     }
 
     /// The count of early AppendEntries in flight to `target` (`early_append` keeps it).
@@ -365,8 +427,8 @@ impl Peers {
         if let Some(m) = &meter {
             m.sent_bytes.increment(payload.len() as u64);
         }
-        let piped = match pipe_method(method) {
-            Some(m) => self.pipe(target, node)?.map(|p| (m, p)),
+        let mut piped = match pipe_method(method) {
+            Some(m) => self.pipe(target, node)?.map(|(p, c)| (m, p, c)),
             None => None,
         };
         let mut client = RaftClient::new(ch)
@@ -381,14 +443,20 @@ impl Peers {
             format_version: PEER_FORMAT_VERSION,
         };
         let call = async move {
-            if let Some((pipe_method, pipe)) = piped {
-                // Until the peer has answered on a pipe, a copy is kept for a unary retry
-                // should it turn out not to know `Pipe` (then nothing was delivered).
+            while let Some((pipe_method, pipe, carrier)) = piped.take() {
+                // Until the peer has answered on a pipe, a copy is kept for a retry on the
+                // next carrier (the gRPC pipe, then unary) should it turn out not to speak
+                // this one (then nothing was delivered).
                 let copy = (!pipe.confirmed()).then(|| msg.clone());
                 match (pipe.call(pipe_method, msg).await, copy) {
                     (Err(_), Some(copy)) if pipe.unsupported() => {
-                        self.pipe_unsupported(target);
+                        self.pipe_unsupported(target, &pipe, carrier);
                         msg = copy;
+                        piped = self
+                            .pipe(target, node)
+                            .ok()
+                            .flatten()
+                            .map(|(p, c)| (pipe_method, p, c));
                     }
                     (answer, _) => return answer.map(tonic::Response::new),
                 }
@@ -798,8 +866,11 @@ mod tests {
     #[derive(Clone, Default)]
     struct StandIn {
         knows_pipe: bool,
+        /// Its peer port serves the peer link as well (as `peer_server::spawn` does).
+        knows_link: bool,
         unary_votes: Arc<AtomicUsize>,
         pipes_opened: Arc<AtomicUsize>,
+        link_calls: Arc<AtomicUsize>,
     }
 
     fn yes(to: u64) -> PeerMessage {
@@ -908,14 +979,22 @@ mod tests {
     async fn serve(service: StandIn) -> Member {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let incoming = tonic::transport::server::TcpIncoming::from(listener);
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(baton_proto::baton::raft::v1::raft_server::RaftServer::new(
-                    service,
-                ))
-                .serve_with_incoming(incoming),
+        let router = tonic::transport::Server::builder().add_service(
+            baton_proto::baton::raft::v1::raft_server::RaftServer::new(service.clone()),
         );
+        if service.knows_link {
+            let calls = service.link_calls.clone();
+            let serve_call = move |frame: baton_proto::baton::raft::v1::PipeFrame| {
+                calls.fetch_add(1, Ordering::SeqCst);
+                let to = frame.message.as_ref().map_or(0, |m| m.from);
+                async move { Ok(yes(to)) }
+            };
+            let incoming = crate::link::accept_tcp(listener, serve_call);
+            tokio::spawn(router.serve_with_incoming(incoming));
+        } else {
+            let incoming = tonic::transport::server::TcpIncoming::from(listener);
+            tokio::spawn(router.serve_with_incoming(incoming));
+        }
         Member {
             name: "m3".into(),
             peer_urls: vec![format!("http://{addr}")],
@@ -932,9 +1011,39 @@ mod tests {
         );
     }
 
-    /// Calls travel on one pipe per peer, none as a unary call.
+    /// Calls travel on one link per peer: neither a gRPC pipe nor a unary call.
     #[tokio::test]
-    async fn calls_to_a_peer_share_one_pipe() {
+    async fn calls_to_a_peer_share_one_link() {
+        let peer = StandIn {
+            knows_pipe: true,
+            knows_link: true,
+            ..Default::default()
+        };
+        let member = serve(peer.clone()).await;
+        let peers = Peers::new(1, 2, None, None);
+        let second = Duration::from_secs(5);
+        let calls = (0..3).map(|_| peers.call(3, &member, Method::Vote, b"q".to_vec(), second));
+        for answer in futures::future::join_all(calls).await {
+            assert_eq!(answer.unwrap(), b"yes");
+        }
+        assert_eq!(
+            peers
+                .call(3, &member, Method::Vote, vec![], second)
+                .await
+                .unwrap(),
+            b"yes"
+        );
+        assert_eq!(peer.link_calls.load(Ordering::SeqCst), 4);
+        assert_eq!(peer.pipes_opened.load(Ordering::SeqCst), 0);
+        assert_eq!(peer.unary_votes.load(Ordering::SeqCst), 0);
+        assert!(peers.links_unsupported.lock().is_empty());
+    }
+
+    /// A peer that serves the gRPC pipe but not the link (an older build): the first call
+    /// finds out (nothing was delivered on the link) and goes on the pipe, as do the calls
+    /// after it, on one pipe.
+    #[tokio::test]
+    async fn calls_to_a_peer_without_links_share_one_pipe() {
         let peer = StandIn {
             knows_pipe: true,
             ..Default::default()
@@ -955,6 +1064,7 @@ mod tests {
         );
         assert_eq!(peer.pipes_opened.load(Ordering::SeqCst), 1);
         assert_eq!(peer.unary_votes.load(Ordering::SeqCst), 0);
+        assert!(peers.links_unsupported.lock().contains_key(&3));
     }
 
     /// A peer of an older build refuses the pipe as an unknown method: the call is made

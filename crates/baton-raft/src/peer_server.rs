@@ -289,7 +289,10 @@ impl PeerService {
 
 impl PeerService {
     /// One pipe frame, served as its method's unary call.
-    async fn serve_frame(self: Arc<Self>, frame: PipeFrame) -> Result<PeerMessage, Status> {
+    pub(crate) async fn serve_frame(
+        self: Arc<Self>,
+        frame: PipeFrame,
+    ) -> Result<PeerMessage, Status> {
         let method = PipeMethod::try_from(frame.method)
             .map_err(|_| Status::unimplemented(format!("baton: pipe method {}", frame.method)))?;
         let message = frame
@@ -542,12 +545,14 @@ pub(crate) fn spawn(
                 .max_concurrent_streams(Some(MAX_CONCURRENT_STREAMS))
                 .http2_keepalive_interval(Some(Duration::from_secs(5)))
                 .add_service(svc);
+            // Each connection is looked at first: a peer link is served by `link`, the
+            // rest (gRPC: unary calls, the gRPC pipe) by tonic.
+            let links = service.clone();
+            let serve_call = move |frame| links.clone().serve_frame(frame);
             match listener {
                 PeerListener::Tcp(listener) => {
                     let addr = listener.local_addr().ok();
-                    let incoming = tonic::transport::server::TcpIncoming::from(listener)
-                        .with_nodelay(Some(true))
-                        .with_keepalive(Some(Duration::from_secs(60)));
+                    let incoming = crate::link::accept_tcp(listener, serve_call);
                     tokio::spawn(async move {
                         if let Err(e) = router.serve_with_incoming(incoming).await {
                             tracing::error!(?addr, error = %e, "peer service stopped");
@@ -555,7 +560,7 @@ pub(crate) fn spawn(
                     })
                 }
                 PeerListener::Injected(addr, incoming) => {
-                    let incoming = tokio_stream::wrappers::ReceiverStream::new(incoming);
+                    let incoming = crate::link::accept_incoming(incoming, serve_call);
                     tokio::spawn(async move {
                         if let Err(e) = router.serve_with_incoming(incoming).await {
                             tracing::error!(?addr, error = %e, "peer service stopped");

@@ -45,11 +45,11 @@ pub(crate) const MAX_CALLS_IN_FLIGHT: usize = 1024;
 pub(crate) const RETRY_UNSUPPORTED: Duration = Duration::from_secs(60);
 /// The largest frame the caller sends or accepts: the peer service's bound on a message
 /// (`peer_server::spawn`), which a frame meets with its few bytes besides the message.
-const MAX_FRAME_BYTES: usize = MAX_PEER_MESSAGE_BYTES + 4096;
+pub(crate) const MAX_FRAME_BYTES: usize = MAX_PEER_MESSAGE_BYTES + 4096;
 
 /// The answer frame for call `call_id`: the message, or the status a unary call would have
 /// ended with.
-fn answer(call_id: u64, result: Result<PeerMessage, Status>) -> PipeFrame {
+pub(crate) fn answer(call_id: u64, result: Result<PeerMessage, Status>) -> PipeFrame {
     match result {
         Ok(message) => PipeFrame {
             call_id,
@@ -157,8 +157,11 @@ pub(crate) struct PipeClient {
 }
 
 impl PipeClient {
-    /// Opens a pipe on `channel` (lazily connected: the stream opens with the first frame).
-    pub(crate) fn open(channel: Channel) -> Arc<PipeClient> {
+    /// A pipe whose frames an engine carries: it takes the request frames from the returned
+    /// receiver, hands each answer to [`PipeClient::deliver`] and ends with
+    /// [`PipeClient::close`]. Engines: [`PipeClient::open`] (the gRPC stream) and
+    /// `link::open` (the framed peer link).
+    pub(crate) fn new() -> (Arc<PipeClient>, mpsc::UnboundedReceiver<PipeFrame>) {
         let (outbound, frames) = mpsc::unbounded_channel();
         let pipe = Arc::new(PipeClient {
             outbound,
@@ -167,6 +170,12 @@ impl PipeClient {
             unsupported: AtomicBool::new(false),
             waiting: Mutex::new(Some(HashMap::new())),
         });
+        (pipe, frames)
+    }
+
+    /// Opens a pipe on `channel` (lazily connected: the stream opens with the first frame).
+    pub(crate) fn open(channel: Channel) -> Arc<PipeClient> {
+        let (pipe, frames) = PipeClient::new();
         let reader = Arc::downgrade(&pipe);
         tokio::spawn(async move {
             let mut client = RaftClient::new(channel)
@@ -192,7 +201,9 @@ impl PipeClient {
                 }
             };
             if let Some(pipe) = reader.upgrade() {
-                pipe.close(ended);
+                // An older build answers the method Unimplemented.
+                let unsupported = ended.code() == tonic::Code::Unimplemented;
+                pipe.close(ended, unsupported);
             }
         });
         pipe
@@ -257,7 +268,8 @@ impl PipeClient {
         result
     }
 
-    fn deliver(&self, frame: PipeFrame) {
+    /// Hands an answer frame to the call waiting for it.
+    pub(crate) fn deliver(&self, frame: PipeFrame) {
         self.confirmed.store(true, Ordering::Release);
         let waiter = self
             .waiting
@@ -271,8 +283,10 @@ impl PipeClient {
     }
 
     /// The stream ended: every call in flight fails with why, and later calls at once.
-    fn close(&self, why: Status) {
-        if why.code() == tonic::Code::Unimplemented && !self.confirmed() {
+    /// `unsupported`: the peer refused the pipe itself as something it does not speak (an
+    /// older build), which counts only before any answer came back.
+    pub(crate) fn close(&self, why: Status, unsupported: bool) {
+        if unsupported && !self.confirmed() {
             self.unsupported.store(true, Ordering::Release);
         }
         let waiting = self.waiting.lock().take();

@@ -21,8 +21,10 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use baton_raft::{ListenFuture, PeerIo, PeerTransport};
+use baton_raft::{DialFuture, ListenFuture, PeerIo, PeerStream, PeerTransport};
 use futures::StreamExt;
+use rustls_pki_types::pem::PemObject as _;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::conn::Security;
@@ -37,13 +39,29 @@ const ACCEPTED_QUEUE: usize = 64;
 pub struct TlsPeerTransport {
     server: Arc<rustls::ServerConfig>,
     client: PeerClientTls,
+    /// How the peer link (`baton-raft`'s `link`) dials `https://` peers: the same identity
+    /// and the same check of the peer's certificate as the gRPC channel's; `None` with
+    /// [`PeerVerify::SystemRoots`] (those calls keep the gRPC pipe).
+    link: Option<tokio_rustls::TlsConnector>,
 }
 
 impl TlsPeerTransport {
     /// `server`: what peers dialing this member meet (`tls::server_config` of the `--peer-`
     /// flags); `client`: how this member dials them (`tls::peer_client`).
     pub fn new(server: Arc<rustls::ServerConfig>, client: PeerClientTls) -> Self {
-        TlsPeerTransport { server, client }
+        let link = match link_connector(&client) {
+            Ok(link) => link,
+            Err(e) => {
+                // tonic refuses the same identity at every call, and says so there.
+                tracing::warn!(error = %e, "peer link: cannot use this member's peer certificate");
+                None
+            }
+        };
+        TlsPeerTransport {
+            server,
+            client,
+            link,
+        }
     }
 
     /// tonic's TLS settings for dialing a peer at `endpoint`.
@@ -104,9 +122,55 @@ impl PeerTransport for TlsPeerTransport {
         })
     }
 
+    fn dial(&self, url: &str) -> Option<DialFuture> {
+        if url.starts_with("http://") {
+            return Some(baton_raft::dial_plain(url));
+        }
+        if !url.starts_with("https://") {
+            return None;
+        }
+        let connector = self.link.clone()?;
+        let (host, port) = baton_raft::peer_host_port(url).ok()?;
+        let name = ServerName::try_from(host.clone()).ok()?;
+        Some(Box::pin(async move {
+            let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
+            tcp.set_nodelay(true)?;
+            let tls = connector.connect(name, tcp).await?;
+            Ok(Box::new(tls) as Box<dyn PeerStream>)
+        }))
+    }
+
     fn explain(&self, status: &tonic::Status) -> Option<String> {
         tls::describe_tls_error(status)
     }
+}
+
+/// The rustls client settings of the peer link, equal to what `tls_endpoint` gives tonic
+/// (no ALPN: the link is not HTTP/2).
+fn link_connector(
+    client: &PeerClientTls,
+) -> Result<Option<tokio_rustls::TlsConnector>, rustls::Error> {
+    let verifier = match &client.verify {
+        PeerVerify::TrustedCa(v) | PeerVerify::Nothing(v) => v.clone(),
+        PeerVerify::SystemRoots => return Ok(None),
+    };
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier);
+    let config = match &client.identity {
+        Some((cert, key)) => {
+            let bad = |what: &str| rustls::Error::General(format!("peer {what}: no PEM"));
+            let chain = CertificateDer::pem_slice_iter(cert)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|_| bad("certificate"))?;
+            let key = PrivateKeyDer::from_pem_slice(key).map_err(|_| bad("key"))?;
+            builder.with_client_auth_cert(chain, key)?
+        }
+        None => builder.with_no_client_auth(),
+    };
+    Ok(Some(tokio_rustls::TlsConnector::from(Arc::new(config))))
 }
 
 #[cfg(test)]
@@ -208,6 +272,63 @@ mod tests {
             .vote(PeerMessage::default())
             .await
             .expect_err("nothing serves the peer service")
+    }
+
+    /// The peer link dials with the same identity and checks as the gRPC channel: a peer
+    /// with the allowed CN gets a byte stream through to the accepting side, a stranger's
+    /// link fails with the TLS refusal, which the transport explains in Go's words as it
+    /// does for a gRPC call (the link passes the I/O error on as the status's source).
+    #[tokio::test]
+    async fn the_peer_link_dials_under_the_same_tls() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let pki = Pki::new("our CA");
+        let server = transport(&settings(
+            &pki.ca(),
+            pki.leaf("a", "example.com"),
+            Some("example.com"),
+        ));
+        let addr = free_port();
+        let mut accepted = server.listen(addr).await.unwrap();
+        // The accepting side echoes 5 bytes on each connection that reaches it.
+        tokio::spawn(async move {
+            while let Some(Ok(PeerIo(mut io))) = accepted.recv().await {
+                tokio::spawn(async move {
+                    let mut got = [0u8; 5];
+                    if io.read_exact(&mut got).await.is_ok() {
+                        let _ = io.write_all(&got).await;
+                        let _ = io.flush().await;
+                    }
+                });
+            }
+        });
+        let url = format!("https://127.0.0.1:{}", addr.port());
+        let echo = |dialer: TlsPeerTransport| {
+            let dial = dialer.dial(&url).expect("an https URL is dialed");
+            async move {
+                let mut io = dial.await?;
+                io.write_all(b"hello").await?;
+                io.flush().await?;
+                let mut back = [0u8; 5];
+                io.read_exact(&mut back).await?;
+                Ok::<_, io::Error>(back)
+            }
+        };
+        let friend = transport(&settings(&pki.ca(), pki.leaf("c", "example.com"), None));
+        assert_eq!(&echo(friend).await.unwrap(), b"hello");
+
+        let stranger = transport(&settings(&pki.ca(), pki.leaf("b", "example2.com"), None));
+        let e = echo(stranger).await.unwrap_err();
+        let mut status = tonic::Status::unavailable("baton: peer link");
+        status.set_source(Arc::new(e));
+        let stranger = transport(&settings(&pki.ca(), pki.leaf("d", "example2.com"), None));
+        assert_eq!(
+            stranger.explain(&status).as_deref(),
+            Some("remote error: tls: bad certificate"),
+            "{status:?}"
+        );
+        // Plain peer URLs are dialed in plain text; other schemes not at all.
+        assert!(stranger.dial("http://127.0.0.1:1").is_some());
+        assert!(stranger.dial("unix:///tmp/x").is_none());
     }
 
     /// A peer whose certificate chains to the CA but names another CN is refused in the

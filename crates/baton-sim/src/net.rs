@@ -5,7 +5,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use baton_raft::{ListenFuture, PeerIncoming, PeerIo, PeerTransport};
+use baton_raft::{DialFuture, ListenFuture, PeerIncoming, PeerIo, PeerStream, PeerTransport};
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -20,6 +20,16 @@ impl PeerTransport for TurmoilTransport {
 
     fn listen(&self, addr: SocketAddr) -> ListenFuture {
         Box::pin(async move { listen(addr).await })
+    }
+
+    /// The peer link over a turmoil stream, so the simulation's faults hit it as they hit
+    /// the gRPC channel.
+    fn dial(&self, url: &str) -> Option<DialFuture> {
+        let (host, port) = baton_raft::peer_host_port(url).ok()?;
+        Some(Box::pin(async move {
+            let stream = turmoil::net::TcpStream::connect((host.as_str(), port)).await?;
+            Ok(Box::new(stream) as Box<dyn PeerStream>)
+        }))
     }
 }
 
