@@ -142,10 +142,22 @@ where
 
 type Waiter = oneshot::Sender<Result<PeerMessage, Status>>;
 
+/// Where a pipe's request frames go: the gRPC stream's queue, or a link's outbox.
+pub(crate) trait Outbound: Send + Sync + 'static {
+    /// Sends one request frame; false: what carried the pipe is gone.
+    fn send(&self, frame: PipeFrame) -> bool;
+}
+
+impl Outbound for mpsc::UnboundedSender<PipeFrame> {
+    fn send(&self, frame: PipeFrame) -> bool {
+        mpsc::UnboundedSender::send(self, frame).is_ok()
+    }
+}
+
 /// The caller's end of one pipe to one peer: frames go out through `outbound`; a task reads
 /// the answers and hands each to the call waiting for its id.
 pub(crate) struct PipeClient {
-    outbound: mpsc::UnboundedSender<PipeFrame>,
+    outbound: Box<dyn Outbound>,
     next_call: AtomicU64,
     /// An answer came back: the peer serves pipes (until then a caller keeps a copy of its
     /// message, to send it unary should the peer not know `Pipe`).
@@ -157,25 +169,23 @@ pub(crate) struct PipeClient {
 }
 
 impl PipeClient {
-    /// A pipe whose frames an engine carries: it takes the request frames from the returned
-    /// receiver, hands each answer to [`PipeClient::deliver`] and ends with
-    /// [`PipeClient::close`]. Engines: [`PipeClient::open`] (the gRPC stream) and
-    /// `link::open` (the framed peer link).
-    pub(crate) fn new() -> (Arc<PipeClient>, mpsc::UnboundedReceiver<PipeFrame>) {
-        let (outbound, frames) = mpsc::unbounded_channel();
-        let pipe = Arc::new(PipeClient {
+    /// A pipe whose request frames go to `outbound`; its engine hands each answer to
+    /// [`PipeClient::deliver`] and ends with [`PipeClient::close`]. Engines:
+    /// [`PipeClient::open`] (the gRPC stream) and `link::open` (the peer link).
+    pub(crate) fn with_outbound(outbound: Box<dyn Outbound>) -> Arc<PipeClient> {
+        Arc::new(PipeClient {
             outbound,
             next_call: AtomicU64::new(1),
             confirmed: AtomicBool::new(false),
             unsupported: AtomicBool::new(false),
             waiting: Mutex::new(Some(HashMap::new())),
-        });
-        (pipe, frames)
+        })
     }
 
     /// Opens a pipe on `channel` (lazily connected: the stream opens with the first frame).
     pub(crate) fn open(channel: Channel) -> Arc<PipeClient> {
-        let (pipe, frames) = PipeClient::new();
+        let (outbound, frames) = mpsc::unbounded_channel();
+        let pipe = PipeClient::with_outbound(Box::new(outbound));
         let reader = Arc::downgrade(&pipe);
         tokio::spawn(async move {
             let mut client = RaftClient::new(channel)
@@ -258,7 +268,7 @@ impl PipeClient {
             message: Some(message),
             ..Default::default()
         };
-        if self.outbound.send(frame).is_err() {
+        if !self.outbound.send(frame) {
             return Err(Status::unavailable("baton: the peer pipe is closed"));
         }
         let result = rx
@@ -355,7 +365,7 @@ mod tests {
     async fn calls_beyond_the_bound_are_refused() {
         let (outbound, _frames) = mpsc::unbounded_channel();
         let pipe = PipeClient {
-            outbound,
+            outbound: Box::new(outbound),
             next_call: AtomicU64::new(1),
             confirmed: AtomicBool::new(true),
             unsupported: AtomicBool::new(false),

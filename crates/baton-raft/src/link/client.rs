@@ -4,14 +4,14 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use baton_proto::baton::raft::v1::PipeFrame;
-use tokio::io::{AsyncWrite, AsyncWriteExt as _};
-use tokio::sync::{mpsc, Notify};
+use tokio::io::AsyncWriteExt as _;
 use tokio::time::Instant;
 use tonic::Status;
 
-use super::{io_status, put_frame, FrameReader, Kind, HELLO};
-use crate::env::DialFuture;
-use crate::pipe::PipeClient;
+use super::outbox::Outbox;
+use super::{io_status, FrameReader, Kind, HELLO};
+use crate::env::{DialFuture, PeerStream};
+use crate::pipe::{Outbound, PipeClient};
 
 /// How long connecting (TCP, and TLS under peer TLS) may take: as the gRPC channel's.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
@@ -23,8 +23,6 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// has the same period), and with no byte back within as long again the link is dropped,
 /// so a peer gone without a FIN (power loss, partition) is noticed and dialed anew.
 pub(super) const KEEPALIVE: Duration = Duration::from_secs(5);
-/// Frames written at once at most (more wait for the next write).
-const WRITE_BATCH_BYTES: usize = 256 * 1024;
 
 /// How the link ended, for the calls on it.
 struct Ended {
@@ -49,12 +47,25 @@ impl Ended {
     }
 }
 
+/// The stream's writing half, as the outbox holds it.
+type WriteHalf = tokio::io::WriteHalf<Box<dyn PeerStream>>;
+
+/// A pipe's request frames into a link's outbox.
+struct LinkOutbound(Arc<Outbox<WriteHalf>>);
+
+impl Outbound for LinkOutbound {
+    fn send(&self, frame: PipeFrame) -> bool {
+        self.0.send(Kind::Call, Some(&frame)).is_ok()
+    }
+}
+
 /// Opens a link on the stream `dial` makes: calls queue until the hello is answered.
 pub(crate) fn open(dial: DialFuture) -> Arc<PipeClient> {
-    let (pipe, frames) = PipeClient::new();
+    let outbox = Outbox::new();
+    let pipe = PipeClient::with_outbound(Box::new(LinkOutbound(outbox.clone())));
     let weak = Arc::downgrade(&pipe);
     tokio::spawn(async move {
-        let ended = run(dial, frames, &weak).await;
+        let ended = run(dial, outbox, &weak).await;
         if let Some(pipe) = weak.upgrade() {
             pipe.close(ended.why, ended.unsupported);
         }
@@ -62,11 +73,7 @@ pub(crate) fn open(dial: DialFuture) -> Arc<PipeClient> {
     pipe
 }
 
-async fn run(
-    dial: DialFuture,
-    frames: mpsc::UnboundedReceiver<PipeFrame>,
-    pipe: &Weak<PipeClient>,
-) -> Ended {
+async fn run(dial: DialFuture, outbox: Arc<Outbox<WriteHalf>>, pipe: &Weak<PipeClient>) -> Ended {
     let stream = match tokio::time::timeout(CONNECT_TIMEOUT, dial).await {
         Ok(Ok(stream)) => stream,
         Ok(Err(e)) => return Ended::closed(io_status("connect", e)),
@@ -76,7 +83,11 @@ async fn run(
         }
     };
     let (read, mut write) = tokio::io::split(stream);
-    if let Err(e) = write_all(&mut write, HELLO).await {
+    let hello = async {
+        write.write_all(HELLO).await?;
+        write.flush().await
+    };
+    if let Err(e) = hello.await {
         return Ended::closed(io_status("hello", e));
     }
     let mut reader = FrameReader::new(read);
@@ -93,9 +104,9 @@ async fn run(
         Ok(Ok(Hello::Other)) => return Ended::unsupported("the peer answered something else"),
         Ok(Ok(Hello::Answered)) => {}
     }
-    let ping = Arc::new(Notify::new());
-    let mut writer = tokio::spawn(write_frames(write, frames, ping.clone()));
-    let ended = read_answers(&mut reader, &mut writer, &ping, pipe).await;
+    // The calls queued meanwhile leave now.
+    let mut writer = outbox.start(write);
+    let ended = read_answers(&mut reader, &mut writer, &outbox, pipe).await;
     writer.abort();
     ended
 }
@@ -125,46 +136,11 @@ async fn read_hello<R: tokio::io::AsyncRead + Unpin>(
     Ok(Hello::Answered)
 }
 
-async fn write_all<W: AsyncWrite + Unpin>(write: &mut W, bytes: &[u8]) -> std::io::Result<()> {
-    write.write_all(bytes).await?;
-    write.flush().await
-}
-
-/// Writes the calls the pipe queues, every call queued meanwhile in the same write, and a
-/// ping when the reader asks. Ends when the pipe is dropped or a write fails.
-async fn write_frames<W: AsyncWrite + Unpin>(
-    mut write: W,
-    mut frames: mpsc::UnboundedReceiver<PipeFrame>,
-    ping: Arc<Notify>,
-) -> Status {
-    let mut out = Vec::with_capacity(16 * 1024);
-    loop {
-        tokio::select! {
-            biased;
-            frame = frames.recv() => {
-                let Some(frame) = frame else {
-                    return Status::cancelled("baton: peer link no longer used");
-                };
-                put_frame(&mut out, Kind::Call, Some(&frame));
-                while out.len() < WRITE_BATCH_BYTES {
-                    let Ok(frame) = frames.try_recv() else { break };
-                    put_frame(&mut out, Kind::Call, Some(&frame));
-                }
-            }
-            _ = ping.notified() => put_frame(&mut out, Kind::Ping, None),
-        }
-        if let Err(e) = write_all(&mut write, &out).await {
-            return io_status("write", e);
-        }
-        out.clear();
-    }
-}
-
 /// Hands each answer to its call, pings an idle peer, and says why the link ended.
 async fn read_answers<R: tokio::io::AsyncRead + Unpin>(
     reader: &mut FrameReader<R>,
-    writer: &mut tokio::task::JoinHandle<Status>,
-    ping: &Notify,
+    writer: &mut tokio::task::JoinHandle<std::io::Error>,
+    outbox: &Outbox<WriteHalf>,
     pipe: &Weak<PipeClient>,
 ) -> Ended {
     let mut heard = Instant::now();
@@ -198,8 +174,11 @@ async fn read_answers<R: tokio::io::AsyncRead + Unpin>(
                 }
                 Err(e) => return Ended::closed(io_status("read", e)),
             },
-            why = &mut *writer => {
-                return Ended::closed(why.unwrap_or_else(|_| Status::cancelled("baton: link writer ended")));
+            failed = &mut *writer => {
+                return Ended::closed(match failed {
+                    Ok(e) => io_status("write", e),
+                    Err(_) => Status::cancelled("baton: peer link writer ended"),
+                });
             }
             _ = tick.tick() => match pinged {
                 Some(at) if at.elapsed() >= KEEPALIVE => {
@@ -209,7 +188,8 @@ async fn read_answers<R: tokio::io::AsyncRead + Unpin>(
                 }
                 Some(_) => {}
                 None if heard.elapsed() >= KEEPALIVE => {
-                    ping.notify_one();
+                    // A failed write ends the writer task, seen above.
+                    let _ = outbox.send(Kind::Ping, None);
                     pinged = Some(Instant::now());
                 }
                 None => {}

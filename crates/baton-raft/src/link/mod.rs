@@ -34,6 +34,7 @@
 //! falls back, so members of two versions still talk.
 
 mod client;
+mod outbox;
 mod server;
 mod sniff;
 

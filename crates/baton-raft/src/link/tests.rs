@@ -271,3 +271,50 @@ fn peer_urls_give_host_and_port() {
     );
     assert!(peer_host_port("not a url").is_err());
 }
+
+/// Frames sent from many tasks at once over a stream that takes little at a time (so the
+/// senders' direct writes stop short and the writer task finishes them) all arrive whole,
+/// each sender's in the order sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_keeps_every_frame_whole_and_in_order() {
+    let (near, far) = tokio::io::duplex(64);
+    let (_, write) = tokio::io::split(near);
+    let outbox = outbox::Outbox::new();
+    let writer = outbox.start(write);
+    let senders: Vec<_> = (0..3u64)
+        .map(|task| {
+            let outbox = outbox.clone();
+            tokio::spawn(async move {
+                for i in 0..200u64 {
+                    outbox
+                        .send(Kind::Call, Some(&call(task * 1000 + i, &[i as u8; 300])))
+                        .unwrap();
+                    if i % 7 == 0 {
+                        tokio::task::yield_now().await;
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut reader = FrameReader::new(far);
+    let mut next = [0u64; 3];
+    let mut got = 0;
+    while got < 600 {
+        while let Some((kind, frame)) = reader.next_buffered().unwrap() {
+            assert_eq!(kind, Kind::Call);
+            let id = frame.unwrap().call_id;
+            let (task, i) = ((id / 1000) as usize, id % 1000);
+            assert_eq!(i, next[task], "sender {task}'s frames in order");
+            next[task] += 1;
+            got += 1;
+        }
+        if got < 600 {
+            assert!(reader.fill().await.unwrap() > 0);
+        }
+    }
+    for s in senders {
+        s.await.unwrap();
+    }
+    assert_eq!(next, [200; 3]);
+    assert!(!writer.is_finished());
+}
