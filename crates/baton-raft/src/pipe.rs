@@ -20,7 +20,7 @@
 //! served at once per pipe (the callee stops reading the stream beyond that), the bound the
 //! peer service puts on concurrent unary calls per connection.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -165,7 +165,9 @@ pub(crate) struct PipeClient {
     /// The peer answered `Pipe` Unimplemented: nothing sent on this pipe was served.
     unsupported: AtomicBool,
     /// Calls in flight; `None` once the pipe closed (calls then fail at once).
-    waiting: Mutex<Option<HashMap<u64, Waiter>>>,
+    /// Ordered by call id, so a closing pipe fails its calls in the order they were made
+    /// (a hash map's order differs run to run, which a simulation replay would see).
+    waiting: Mutex<Option<BTreeMap<u64, Waiter>>>,
 }
 
 impl PipeClient {
@@ -178,7 +180,7 @@ impl PipeClient {
             next_call: AtomicU64::new(1),
             confirmed: AtomicBool::new(false),
             unsupported: AtomicBool::new(false),
-            waiting: Mutex::new(Some(HashMap::new())),
+            waiting: Mutex::new(Some(BTreeMap::new())),
         })
     }
 
