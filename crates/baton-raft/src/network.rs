@@ -1011,6 +1011,21 @@ mod tests {
         );
     }
 
+    /// Serves `peer` and asks it for four votes, three at once and then one; returns the
+    /// caller's side.
+    async fn four_votes(peer: &StandIn) -> Peers {
+        let member = serve(peer.clone()).await;
+        let peers = Peers::new(1, 2, None, None);
+        let second = Duration::from_secs(5);
+        let calls = (0..3).map(|_| peers.call(3, &member, Method::Vote, b"q".to_vec(), second));
+        for answer in futures::future::join_all(calls).await {
+            assert_eq!(answer.unwrap(), b"yes");
+        }
+        let last = peers.call(3, &member, Method::Vote, vec![], second).await;
+        assert_eq!(last.unwrap(), b"yes");
+        peers
+    }
+
     /// Calls travel on one link per peer: neither a gRPC pipe nor a unary call.
     #[tokio::test]
     async fn calls_to_a_peer_share_one_link() {
@@ -1019,20 +1034,7 @@ mod tests {
             knows_link: true,
             ..Default::default()
         };
-        let member = serve(peer.clone()).await;
-        let peers = Peers::new(1, 2, None, None);
-        let second = Duration::from_secs(5);
-        let calls = (0..3).map(|_| peers.call(3, &member, Method::Vote, b"q".to_vec(), second));
-        for answer in futures::future::join_all(calls).await {
-            assert_eq!(answer.unwrap(), b"yes");
-        }
-        assert_eq!(
-            peers
-                .call(3, &member, Method::Vote, vec![], second)
-                .await
-                .unwrap(),
-            b"yes"
-        );
+        let peers = four_votes(&peer).await;
         assert_eq!(peer.link_calls.load(Ordering::SeqCst), 4);
         assert_eq!(peer.pipes_opened.load(Ordering::SeqCst), 0);
         assert_eq!(peer.unary_votes.load(Ordering::SeqCst), 0);
@@ -1048,20 +1050,7 @@ mod tests {
             knows_pipe: true,
             ..Default::default()
         };
-        let member = serve(peer.clone()).await;
-        let peers = Peers::new(1, 2, None, None);
-        let second = Duration::from_secs(5);
-        let calls = (0..3).map(|_| peers.call(3, &member, Method::Vote, b"q".to_vec(), second));
-        for answer in futures::future::join_all(calls).await {
-            assert_eq!(answer.unwrap(), b"yes");
-        }
-        assert_eq!(
-            peers
-                .call(3, &member, Method::Vote, vec![], second)
-                .await
-                .unwrap(),
-            b"yes"
-        );
+        let peers = four_votes(&peer).await;
         assert_eq!(peer.pipes_opened.load(Ordering::SeqCst), 1);
         assert_eq!(peer.unary_votes.load(Ordering::SeqCst), 0);
         assert!(peers.links_unsupported.lock().contains_key(&3));

@@ -260,6 +260,17 @@ mod tests {
             .unwrap()
     }
 
+    /// A peer listener whose certificate names (and whose peers must name) example.com.
+    async fn listen_as_example_com(pki: &Pki) -> (SocketAddr, baton_raft::PeerIncoming) {
+        let server = transport(&settings(
+            &pki.ca(),
+            pki.leaf("a", "example.com"),
+            Some("example.com"),
+        ));
+        let addr = free_port();
+        (addr, server.listen(addr).await.unwrap())
+    }
+
     /// Dials `addr` through `dialer` and makes one call; the status it fails with (every
     /// call fails: nothing serves the accepted connections, so a connection that got
     /// through ends when the test drops it).
@@ -282,13 +293,7 @@ mod tests {
     async fn the_peer_link_dials_under_the_same_tls() {
         use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
         let pki = Pki::new("our CA");
-        let server = transport(&settings(
-            &pki.ca(),
-            pki.leaf("a", "example.com"),
-            Some("example.com"),
-        ));
-        let addr = free_port();
-        let mut accepted = server.listen(addr).await.unwrap();
+        let (addr, mut accepted) = listen_as_example_com(&pki).await;
         // The accepting side echoes 5 bytes on each connection that reaches it.
         tokio::spawn(async move {
             while let Some(Ok(PeerIo(mut io))) = accepted.recv().await {
@@ -337,13 +342,7 @@ mod tests {
     #[tokio::test]
     async fn allowed_cn_is_enforced_in_the_handshake() {
         let pki = Pki::new("our CA");
-        let server = transport(&settings(
-            &pki.ca(),
-            pki.leaf("a", "example.com"),
-            Some("example.com"),
-        ));
-        let addr = free_port();
-        let mut accepted = server.listen(addr).await.unwrap();
+        let (addr, mut accepted) = listen_as_example_com(&pki).await;
 
         let stranger = transport(&settings(&pki.ca(), pki.leaf("b", "example2.com"), None));
         let status = call(&stranger, addr).await;

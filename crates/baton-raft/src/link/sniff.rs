@@ -8,6 +8,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use baton_proto::baton::raft::v1::{PeerMessage, PipeFrame};
+use futures::StreamExt as _;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -151,50 +152,54 @@ where
     F: Fn(PipeFrame) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = Result<PeerMessage, Status>> + Send + 'static,
 {
-    let (tx, rx) = mpsc::channel(ACCEPTED_QUEUE);
-    tokio::spawn(async move {
-        loop {
-            let accepted = tokio::select! {
-                _ = tx.closed() => return,
-                accepted = listener.accept() => accepted,
-            };
-            match accepted {
-                Ok((stream, _)) => {
-                    // Small frames, each awaited by someone: no Nagle delay.
-                    let _ = stream.set_nodelay(true);
-                    route(stream, tx.clone(), serve_call.clone());
-                }
-                Err(e) => {
-                    // Out of file descriptors, say: pause rather than spin.
-                    tracing::warn!(error = %e, "peer port: accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
+    let accepted = futures::stream::poll_fn(move |cx| {
+        listener.poll_accept(cx).map(|accepted| {
+            Some(accepted.map(|(stream, _)| {
+                // Small frames, each awaited by someone: no Nagle delay.
+                let _ = stream.set_nodelay(true);
+                stream
+            }))
+        })
     });
-    ReceiverStream::new(rx)
+    accept(accepted, serve_call)
 }
 
 /// As [`accept_tcp`], for an injected transport's accepted connections.
 pub(crate) fn accept_incoming<F, Fut>(
-    mut incoming: PeerIncoming,
+    incoming: PeerIncoming,
     serve_call: F,
 ) -> ReceiverStream<io::Result<Rewind<PeerIo>>>
 where
     F: Fn(PipeFrame) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = Result<PeerMessage, Status>> + Send + 'static,
 {
+    accept(ReceiverStream::new(incoming), serve_call)
+}
+
+/// Routes each accepted connection (`route`) until the accepting ends or tonic drops the
+/// returned stream.
+fn accept<T, S, F, Fut>(mut accepted: S, serve_call: F) -> ReceiverStream<io::Result<Rewind<T>>>
+where
+    T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    S: futures::Stream<Item = io::Result<T>> + Send + Unpin + 'static,
+    F: Fn(PipeFrame) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<PeerMessage, Status>> + Send + 'static,
+{
     let (tx, rx) = mpsc::channel(ACCEPTED_QUEUE);
     tokio::spawn(async move {
         loop {
-            let accepted = tokio::select! {
+            let next = tokio::select! {
                 _ = tx.closed() => return,
-                accepted = incoming.recv() => accepted,
+                next = accepted.next() => next,
             };
-            match accepted {
+            match next {
                 None => return,
                 Some(Ok(io)) => route(io, tx.clone(), serve_call.clone()),
-                Some(Err(e)) => tracing::debug!(error = %e, "peer port: accept failed"),
+                Some(Err(e)) => {
+                    // Out of file descriptors, say: pause rather than spin.
+                    tracing::warn!(error = %e, "peer port: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
             }
         }
     });
