@@ -108,6 +108,7 @@ async fn run(dial: DialFuture, outbox: Arc<Outbox<WriteHalf>>, pipe: &Weak<PipeC
     let mut writer = outbox.start(write);
     let ended = read_answers(&mut reader, &mut writer, &outbox, pipe).await;
     writer.abort();
+    outbox.shut();
     ended
 }
 

@@ -103,6 +103,12 @@ impl<W: AsyncWrite + Unpin + Send + 'static> Outbox<W> {
         }
     }
 
+    /// Ends the outbox: the writing half is dropped (closing the stream once the reading
+    /// half is gone too), and later sends fail.
+    pub(super) fn shut(&self) {
+        self.state.lock().holder = Holder::Failed;
+    }
+
     async fn run_writer(&self) -> io::Error {
         loop {
             self.wake_writer.notified().await;

@@ -78,4 +78,5 @@ where
         }
     }
     writer.abort();
+    outbox.shut();
 }
