@@ -8,8 +8,8 @@ use tokio::io::AsyncWriteExt as _;
 use tokio::time::Instant;
 use tonic::Status;
 
+use super::frame::{FrameReader, Kind, LinkError, HELLO};
 use super::outbox::Outbox;
-use super::{io_status, FrameReader, Kind, HELLO};
 use crate::env::{DialFuture, PeerStream};
 use crate::pipe::{Outbound, PipeClient};
 
@@ -158,7 +158,7 @@ async fn read_answers<R: tokio::io::AsyncRead + Unpin>(
                 },
                 Ok(Some((Kind::Pong, _))) => {}
                 Ok(Some((kind, _))) => {
-                    let e = super::LinkError::Unexpected(kind);
+                    let e = LinkError::Unexpected(kind);
                     return Ended::closed(Status::internal(format!("baton: {e}")));
                 }
                 Err(e) => return Ended::closed(Status::internal(format!("baton: {e}"))),
@@ -197,4 +197,13 @@ async fn read_answers<R: tokio::io::AsyncRead + Unpin>(
             },
         }
     }
+}
+
+/// A status for a link that failed on `error`, with the error as its source, so that the
+/// caller's reading of a transport failure (a refused connection: not delivered; a TLS
+/// alert: the transport's explanation) sees it as it sees tonic's.
+pub(super) fn io_status(what: &str, error: std::io::Error) -> tonic::Status {
+    let mut status = tonic::Status::unavailable(format!("baton: peer link: {what}: {error}"));
+    status.set_source(std::sync::Arc::new(error));
+    status
 }

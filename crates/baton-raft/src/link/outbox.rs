@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncWrite, AsyncWriteExt as _};
 use tokio::sync::Notify;
 
-use super::{put_frame, Kind};
+use super::frame::{put_frame, Kind};
 
 /// Who holds the stream's writing half.
 enum Holder<W> {

@@ -9,8 +9,8 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
 use tokio::sync::Semaphore;
 use tonic::Status;
 
+use super::frame::{FrameReader, Kind, HELLO};
 use super::outbox::Outbox;
-use super::{FrameReader, Kind, HELLO};
 use crate::pipe::{answer, MAX_CALLS_IN_FLIGHT};
 
 /// A dialer that sent nothing for this long is gone: it pings after

@@ -16,7 +16,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Connected;
 use tonic::Status;
 
-use super::HELLO;
+use super::frame::HELLO;
 use crate::env::{PeerIncoming, PeerIo};
 
 /// Connections accepted and looked at, waiting for tonic (it takes them at once).

@@ -6,11 +6,14 @@ use baton_proto::baton::raft::v1::{PeerMessage, PipeFrame, PipeMethod};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tonic::Status;
 
+use super::client::{self, open};
+use super::frame::{put_frame, FrameReader, Kind, HELLO};
 use super::sniff::{sniff, Sniffed};
-use super::*;
+use super::{outbox, peer_host_port, server};
 use crate::env::{DialFuture, PeerStream};
 use crate::golden::{assert_no_problems, compare_file, golden_dir, header, orphans};
 use crate::wire::PEER_FORMAT_VERSION;
+use prost::Message as _;
 
 fn message(payload: &[u8]) -> PeerMessage {
     PeerMessage {
