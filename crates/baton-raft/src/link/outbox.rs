@@ -18,6 +18,12 @@ use tokio::io::{AsyncWrite, AsyncWriteExt as _};
 use tokio::sync::Notify;
 
 use super::frame::{put_frame, Kind};
+use crate::pipe::MAX_FRAME_BYTES;
+
+/// Bytes of frames an outbox holds unwritten at most. Calls and answers in flight are each
+/// bounded (`pipe::MAX_CALLS_IN_FLIGHT`), but a peer that stops reading while it keeps
+/// sending calls would have answers pile up here: beyond this the link is ended instead.
+const MAX_PENDING_BYTES: usize = 4 * MAX_FRAME_BYTES;
 
 /// Who holds the stream's writing half.
 enum Holder<W> {
@@ -40,6 +46,9 @@ struct State<W> {
 pub(super) struct Outbox<W> {
     state: Mutex<State<W>>,
     wake_writer: Notify,
+    /// Notified when a sender ends the outbox, so a writer task stuck in a write to a peer
+    /// that does not read gives up too.
+    ended: Notify,
 }
 
 /// The outbox is over: a write failed.
@@ -55,6 +64,7 @@ impl<W: AsyncWrite + Unpin + Send + 'static> Outbox<W> {
                 holder: Holder::Writer,
             }),
             wake_writer: Notify::new(),
+            ended: Notify::new(),
         })
     }
 
@@ -73,6 +83,13 @@ impl<W: AsyncWrite + Unpin + Send + 'static> Outbox<W> {
     pub(super) fn send(&self, kind: Kind, frame: Option<&PipeFrame>) -> Result<(), Closed> {
         let mut state = self.state.lock();
         if matches!(state.holder, Holder::Failed) {
+            return Err(Closed);
+        }
+        if state.pending.len() > MAX_PENDING_BYTES {
+            // The peer has not read for a long while: give up on the link.
+            state.holder = Holder::Failed;
+            self.wake_writer.notify_one();
+            self.ended.notify_one();
             return Err(Closed);
         }
         put_frame(&mut state.pending, kind, frame);
@@ -107,6 +124,7 @@ impl<W: AsyncWrite + Unpin + Send + 'static> Outbox<W> {
     /// half is gone too), and later sends fail.
     pub(super) fn shut(&self) {
         self.state.lock().holder = Holder::Failed;
+        self.ended.notify_one();
     }
 
     async fn run_writer(&self) -> io::Error {
@@ -118,7 +136,7 @@ impl<W: AsyncWrite + Unpin + Send + 'static> Outbox<W> {
                     Holder::Handed(write) => write,
                     Holder::Failed => {
                         state.holder = Holder::Failed;
-                        return io::Error::new(io::ErrorKind::BrokenPipe, "peer link write failed");
+                        return io::Error::new(io::ErrorKind::BrokenPipe, "peer link ended");
                     }
                     other => {
                         state.holder = other;
@@ -129,17 +147,25 @@ impl<W: AsyncWrite + Unpin + Send + 'static> Outbox<W> {
             let mut buf = Vec::with_capacity(16 * 1024);
             loop {
                 std::mem::swap(&mut buf, &mut self.state.lock().pending);
-                let written = async {
-                    write.write_all(&buf).await?;
-                    write.flush().await
-                }
-                .await;
+                let written = tokio::select! {
+                    written = async {
+                        write.write_all(&buf).await?;
+                        write.flush().await
+                    } => written,
+                    _ = self.ended.notified() => {
+                        return io::Error::new(io::ErrorKind::BrokenPipe, "peer link ended");
+                    }
+                };
                 buf.clear();
                 if let Err(e) = written {
                     self.state.lock().holder = Holder::Failed;
                     return e;
                 }
                 let mut state = self.state.lock();
+                if matches!(state.holder, Holder::Failed) {
+                    // A sender ended the outbox meanwhile (`shut`, or too much unwritten).
+                    return io::Error::new(io::ErrorKind::BrokenPipe, "peer link ended");
+                }
                 if state.pending.is_empty() {
                     state.holder = Holder::Idle(write);
                     break;

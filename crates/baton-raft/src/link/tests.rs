@@ -244,9 +244,9 @@ async fn a_silent_peer_is_dropped_after_an_unanswered_ping() {
         far.write_all(HELLO).await.unwrap();
         let mut ping = [0u8; 5];
         far.read_exact(&mut ping).await.unwrap();
-        // Keeps the stream open, answers nothing.
-        tokio::time::sleep(Duration::from_secs(3600)).await;
-        drop(far);
+        // Keeps the stream open and answers nothing, until the test ends.
+        let _open = far;
+        std::future::pending::<()>().await;
         ping
     });
     let pipe = open(dial_to(near));
@@ -320,4 +320,25 @@ async fn an_outbox_keeps_every_frame_whole_and_in_order() {
     }
     assert_eq!(next, [200; 3]);
     assert!(!writer.is_finished());
+}
+
+/// A peer that stops reading does not make frames pile up without bound: past the
+/// outbox's limit sends fail and the writer task ends (the link with it).
+#[tokio::test]
+async fn an_outbox_a_peer_does_not_read_is_bounded() {
+    let (near, _far) = tokio::io::duplex(1024);
+    let (_, write) = tokio::io::split(near);
+    let outbox = outbox::Outbox::new();
+    let writer = outbox.start(write);
+    let big = call(1, &vec![7; 1 << 20]);
+    outbox.send(Kind::Call, Some(&big)).unwrap();
+    // The writer task takes over and blocks in its write: nobody reads `_far`.
+    tokio::task::yield_now().await;
+    let sent = (0..200)
+        .take_while(|_| outbox.send(Kind::Call, Some(&big)).is_ok())
+        .count();
+    assert!(sent < 200, "sends fail once too much is unwritten");
+    assert!(outbox.send(Kind::Ping, None).is_err());
+    let ended = tokio::time::timeout(Duration::from_secs(5), writer).await;
+    assert!(ended.is_ok(), "the writer task ends with the outbox");
 }
