@@ -74,11 +74,14 @@ impl SimConfig {
 
     /// The one-line command that replays this run.
     pub fn replay_command(&self) -> String {
-        // Bit-for-bit replay needs the same build flags as the run that failed.
+        // Bit-for-bit replay needs tokio's `select!` RNG seeded, which only a `--cfg
+        // tokio_unstable` build allows (.cargo/config.toml sets it). A run built without it
+        // (a RUSTFLAGS in the environment replaces that list) is replayed with it: as
+        // closely as such a run can be replayed at all (docs/simulation.md).
         let prefix = if cfg!(tokio_unstable) {
-            "RUSTFLAGS=\"--cfg tokio_unstable\" CARGO_TARGET_DIR=target/sim "
-        } else {
             ""
+        } else {
+            "RUSTFLAGS=\"--cfg tokio_unstable\" "
         };
         let mut cmd = format!(
             "{prefix}cargo run --release -p baton-sim -- replay --seed {} --members {}",

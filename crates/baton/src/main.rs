@@ -158,6 +158,9 @@ fn main() -> Result<()> {
     builder.enable_all();
     if let Command::Serve(args) = &cli.command {
         builder.worker_threads(serve::worker_threads(args));
+        if !serve::without_lifo_slot(&mut builder) {
+            warnings.push(serve::LIFO_SLOT_WARNING.to_owned());
+        }
     }
     let runtime = builder.build().context("starting the async runtime")?;
     match cli.command {

@@ -62,13 +62,13 @@ fn seed_65_quick_member_behind_a_stalled_connection_catches_up() {
 /// The same seed gives the same run: every client result with its simulated time, every
 /// fault, watch event and final replica state hashes to the same value. Each run is its own
 /// process, as `replay` runs it (tokio's task ids are process-wide), and the build must seed
-/// tokio's per-runtime RNG (`select!`), which needs `--cfg tokio_unstable`:
-/// `RUSTFLAGS="--cfg tokio_unstable" CARGO_TARGET_DIR=target/sim cargo test -p baton-sim
-/// --test pinned`. Without it, runs of one seed can differ (docs/simulation.md).
+/// tokio's per-runtime RNG (`select!`), which needs `--cfg tokio_unstable` (every workspace
+/// build has it: .cargo/config.toml). Without it, runs of one seed can differ
+/// (docs/simulation.md), so a build whose RUSTFLAGS replaced that flag skips this test.
 #[test]
 #[cfg_attr(
     not(tokio_unstable),
-    ignore = "bit-for-bit replay needs RUSTFLAGS=\"--cfg tokio_unstable\""
+    ignore = "bit-for-bit replay needs --cfg tokio_unstable (.cargo/config.toml; RUSTFLAGS replaced it)"
 )]
 fn same_seed_same_trace() {
     let trace = |seed: u64| {
