@@ -61,6 +61,12 @@ pub(crate) struct LeaseClock {
     /// The term in which this node, as leader, rebuilt the deadlines from the state machine.
     /// Until then (`!= current term`) nothing is expired: the deadlines may be stale.
     ready_term: Option<u64>,
+    /// No tracked deadline is earlier (`None`: no finite deadline is tracked). A lower bound,
+    /// not the minimum: every deadline set lowers it, removals and later deadlines do not
+    /// raise it, so it is exact only after a full scan (`rebuild`, and `take_expired`, which
+    /// a leader runs every tick). It answers "does any lease expire soon?" without a scan
+    /// ([`LeaseClock::all_alive_for`]), which the leader asks for every AppendEntries.
+    earliest_deadline: Option<Instant>,
 }
 
 impl LeaseClock {
@@ -73,8 +79,9 @@ impl LeaseClock {
     pub(crate) fn on_applied(&mut self, command: &Command, response: &Response, now: Instant) {
         match (command, response) {
             (_, Response::LeaseGrant { id, ttl_s }) => {
-                self.leases
-                    .insert(*id, Tracked::new(deadline_after(now, secs(*ttl_s)), *ttl_s));
+                let deadline = deadline_after(now, secs(*ttl_s));
+                self.lower_earliest(deadline);
+                self.leases.insert(*id, Tracked::new(deadline, *ttl_s));
             }
             (Command::LeaseCheckpoint { checkpoints }, _) => {
                 for (id, remaining_ms) in checkpoints {
@@ -108,6 +115,7 @@ impl LeaseClock {
     ) {
         self.leases.clear();
         self.expiring.clear();
+        self.earliest_deadline = None;
         for id in sm.lease_ids() {
             let Some(info) = sm.lease(id) else { continue };
             let remaining = match info.checkpoint_remaining_ms {
@@ -117,6 +125,7 @@ impl LeaseClock {
             let deadline = remaining
                 .checked_add(extension)
                 .and_then(|d| deadline_after(now, d));
+            self.lower_earliest(deadline);
             let mut t = Tracked::new(deadline, info.granted_ttl_s);
             t.checkpointed = info
                 .checkpoint_remaining_ms
@@ -133,6 +142,9 @@ impl LeaseClock {
         for t in self.leases.values_mut() {
             t.deadline = t.deadline.and_then(|d| d.checked_add(by));
         }
+        // Every deadline moved by `by`; so may their bound (`None` if that overflows: a
+        // deadline beyond `Instant`'s range is no deadline).
+        self.earliest_deadline = self.earliest_deadline.and_then(|d| d.checked_add(by));
     }
 
     /// Forgets leadership (on stepping down): a later term must rebuild.
@@ -146,11 +158,16 @@ impl LeaseClock {
             return None;
         }
         let t = self.leases.get_mut(&id)?;
-        t.deadline = deadline_after(now, secs(t.granted_ttl_s));
+        let deadline = deadline_after(now, secs(t.granted_ttl_s));
+        t.deadline = deadline;
         // Reset at most once per stale checkpoint: assume the reset lands.
         let reset_checkpoint = std::mem::replace(&mut t.checkpointed, false);
+        let granted_ttl_s = t.granted_ttl_s;
+        // A renewal may move a deadline earlier: one a new leader extended by the election
+        // timeout.
+        self.lower_earliest(deadline);
         Some(Renewal {
-            granted_ttl_s: t.granted_ttl_s,
+            granted_ttl_s,
             reset_checkpoint,
         })
     }
@@ -172,6 +189,7 @@ impl LeaseClock {
     ) -> Renewal {
         let ttl = info.granted_ttl_s;
         let t = Tracked::new(deadline_after(now, secs(ttl)), ttl);
+        self.lower_earliest(t.deadline);
         let reset_checkpoint = info
             .checkpoint_remaining_ms
             .is_some_and(|ms| ms < ttl.saturating_mul(1000));
@@ -197,6 +215,8 @@ impl LeaseClock {
     /// Up to `max` leases past their deadline and not already being expired, marked as being
     /// expired. Ordered by id so a backlog is worked through deterministically.
     pub(crate) fn take_expired(&mut self, now: Instant, max: usize) -> Vec<LeaseId> {
+        // The scan is made anyway: it also makes the bound exact again.
+        self.earliest_deadline = self.leases.values().filter_map(|t| t.deadline).min();
         let mut ids: Vec<LeaseId> = self
             .leases
             .iter()
@@ -239,6 +259,24 @@ impl LeaseClock {
         out
     }
 
+    /// Whether every lease the clock tracks stays alive for `margin` from `now`: none is being
+    /// expired and none reaches its deadline before `now + margin`. What the leader vouches
+    /// for in a lease verdict (`lease_verdict`). Leases the clock does not track are not
+    /// covered: only a clock rebuilt for the current term tracks every lease.
+    pub(crate) fn all_alive_for(&self, now: Instant, margin: Duration) -> bool {
+        self.expiring.is_empty()
+            && self
+                .earliest_deadline
+                .is_none_or(|d| now.checked_add(margin).is_some_and(|end| d > end))
+    }
+
+    /// Keeps `earliest_deadline` a lower bound when a deadline is set.
+    fn lower_earliest(&mut self, deadline: Option<Instant>) {
+        if let Some(d) = deadline {
+            self.earliest_deadline = Some(self.earliest_deadline.map_or(d, |e| e.min(d)));
+        }
+    }
+
     pub(crate) fn contains(&self, id: LeaseId) -> bool {
         self.leases.contains_key(&id)
     }
@@ -274,6 +312,72 @@ mod tests {
         c.extend_all(Duration::from_secs(2));
         assert_eq!(c.alive(id, after_deadline), Some(true));
         assert!(c.take_expired(after_deadline, 10).is_empty());
+    }
+
+    /// The bound behind lease verdicts: it must never be later than a tracked deadline —
+    /// a renewal after a rebuild moves a deadline earlier — and a scan makes it exact.
+    #[test]
+    fn all_alive_for_sees_the_earliest_deadline() {
+        let mut c = LeaseClock::default();
+        let t0 = Instant::now();
+        let margin = Duration::from_millis(200);
+        assert!(c.all_alive_for(t0, margin), "no lease: nothing expires");
+        let grant = |c: &mut LeaseClock, id, ttl_s, at| {
+            c.on_applied(
+                &Command::LeaseGrant {
+                    id: LeaseId(id),
+                    ttl_s,
+                },
+                &Response::LeaseGrant {
+                    id: LeaseId(id),
+                    ttl_s,
+                },
+                at,
+            )
+        };
+        grant(&mut c, 1, 10, t0);
+        assert!(c.all_alive_for(t0, margin));
+        assert!(c.all_alive_for(t0 + Duration::from_millis(9_700), margin));
+        assert!(!c.all_alive_for(t0 + Duration::from_millis(9_800), margin));
+        // A renewal moves the deadline later; the bound stays (conservative) until a scan.
+        assert!(c
+            .keep_alive(LeaseId(1), t0 + Duration::from_secs(5))
+            .is_some());
+        assert!(!c.all_alive_for(t0 + Duration::from_millis(9_800), margin));
+        assert!(c.take_expired(t0 + Duration::from_secs(6), 10).is_empty());
+        assert!(c.all_alive_for(t0 + Duration::from_millis(9_800), margin));
+        // A shorter lease granted later lowers it.
+        grant(&mut c, 2, 1, t0 + Duration::from_secs(6));
+        assert!(!c.all_alive_for(t0 + Duration::from_millis(6_900), margin));
+        // Being expired is not alive, whatever the deadlines.
+        assert_eq!(
+            c.take_expired(t0 + Duration::from_secs(8), 10),
+            vec![LeaseId(2)]
+        );
+        assert!(!c.all_alive_for(t0 + Duration::from_secs(8), Duration::ZERO));
+        c.finish_expiring(&[LeaseId(2)]);
+
+        // After a rebuild (deadlines extended by the election timeout) a renewal sets an
+        // earlier deadline: the bound follows it down.
+        let mut sm = StateMachine::new();
+        sm.apply(&baton_core::Entry {
+            index: baton_core::CommandIndex(0),
+            term: baton_core::Term(1),
+            time_ms: 1,
+            command: Command::LeaseGrant {
+                id: LeaseId(3),
+                ttl_s: 10,
+            },
+        });
+        let mut c = LeaseClock::default();
+        c.rebuild(&sm, t0, Duration::from_secs(5), 2);
+        assert!(c.all_alive_for(t0 + Duration::from_millis(14_700), margin));
+        assert!(c.keep_alive(LeaseId(3), t0).is_some());
+        assert!(!c.all_alive_for(t0 + Duration::from_millis(9_900), margin));
+        assert!(c.all_alive_for(t0 + Duration::from_millis(9_700), margin));
+        // A stall moves deadlines and the bound together.
+        c.extend_all(Duration::from_secs(1));
+        assert!(c.all_alive_for(t0 + Duration::from_millis(10_700), margin));
     }
 
     #[test]

@@ -55,9 +55,16 @@ impl LeaseDuty {
     }
 
     /// The last check before a lock grant (see `Node::confirm_grant`): the leader's verdict,
-    /// once this replica has applied everything the leader had committed.
+    /// once this replica has applied everything the leader had committed — on a follower the
+    /// verdict the leader sent ahead on its last AppendEntries if it stands
+    /// (`lease_verdict`), else asked for.
     pub(crate) async fn confirm_grant(&self, lease: LeaseId) -> Result<bool, ProposeError> {
         let deadline = Instant::now() + REQUEST_TIMEOUT;
+        if let Some(index) = self.standing_verdict() {
+            self.replica.wait_applied(index, deadline).await?;
+            self.router.peers().verdicts.used();
+            return Ok(self.replica.shared.state.read().sm.lease_exists(lease));
+        }
         let check = match self.router.route(GrantCheckCall(lease), deadline).await? {
             Routed::Local(GrantCheckCall(lease)) => self.grant_check_local(lease).await?,
             Routed::Remote(check) => check,
@@ -66,6 +73,29 @@ impl LeaseDuty {
             .wait_applied(check.read_index, deadline)
             .await?;
         Ok(check.lease_alive)
+    }
+
+    /// On a follower: the committed index to wait for, if the leader's last lease verdict
+    /// stands for a grant now (`lease_verdict`), instead of asking the leader.
+    fn standing_verdict(&self) -> Option<u64> {
+        let role = self.replica.role();
+        if role.state == ServerState::Leader {
+            // The leader's own check costs no round trip.
+            return None;
+        }
+        let applied = self
+            .replica
+            .shared
+            .state
+            .read()
+            .last_applied
+            .map_or(0, |l| l.index);
+        self.router.peers().verdicts.standing(
+            role.leader,
+            role.term,
+            applied,
+            self.replica.config.heartbeat_interval,
+        )
     }
 
     /// The leader's half of a keep-alive: renews on this replica's lease clock.

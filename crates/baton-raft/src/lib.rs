@@ -72,6 +72,7 @@ mod golden;
 mod leader_service;
 mod lease;
 mod lease_duty;
+mod lease_verdict;
 mod limits;
 mod link;
 mod membership;

@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use baton_proto::baton::raft::v1::raft_client::RaftClient;
-use baton_proto::baton::raft::v1::PeerMessage;
+use baton_proto::baton::raft::v1::{LeaseVerdict, PeerMessage};
 use openraft::error::{
     InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Timeout,
     Unreachable,
@@ -33,6 +33,7 @@ use tonic::transport::{Channel, Endpoint};
 use crate::credential::ClusterCredential;
 use crate::early_acks::EarlyAcks;
 use crate::env::PeerTransport;
+use crate::lease_verdict::LeaseVerdicts;
 use crate::peer_meters::PeerMeters;
 use crate::pipe::{self, PipeClient};
 use crate::types::{Member, TypeConfig};
@@ -179,6 +180,9 @@ pub(crate) struct Peers {
     early_in_flight: Mutex<HashMap<u64, Arc<AtomicUsize>>>,
     /// Per peer, what its answers to early AppendEntries acknowledged (`early_acks`).
     pub(crate) early_acks: EarlyAcks,
+    /// Lease verdicts: issued on this member's AppendEntries as leader, kept as heard from
+    /// the leader as follower (shared with the peer service and the lease duty).
+    pub(crate) verdicts: Arc<LeaseVerdicts>,
     /// Per peer, the pipe most calls travel on (`pipe`), or since when the peer is known
     /// not to serve pipes.
     pipes: Mutex<HashMap<u64, PipeSlot>>,
@@ -228,6 +232,7 @@ impl Peers {
             meters: Arc::new(PeerMeters::default()),
             early_in_flight: Mutex::new(HashMap::new()),
             early_acks: EarlyAcks::default(),
+            verdicts: Arc::new(LeaseVerdicts::default()),
             pipes: Mutex::new(HashMap::new()),
             links_unsupported: Mutex::new(HashMap::new()),
         }
@@ -422,6 +427,21 @@ impl Peers {
         payload: Vec<u8>,
         timeout: Duration,
     ) -> Result<Vec<u8>, PeerError> {
+        self.call_with_verdict(target, node, method, payload, None, timeout)
+            .await
+    }
+
+    /// [`Peers::call`] with a lease verdict in the envelope (an AppendEntries from the
+    /// leader: `lease_verdict`).
+    pub(crate) async fn call_with_verdict(
+        &self,
+        target: u64,
+        node: &Member,
+        method: Method,
+        payload: Vec<u8>,
+        lease_verdict: Option<LeaseVerdict>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, PeerError> {
         let ch = self.channel(target, node)?;
         let meter = self.meters.of_member(target);
         if let Some(m) = &meter {
@@ -441,6 +461,7 @@ impl Peers {
             payload,
             credential: self.credential.clone(),
             format_version: PEER_FORMAT_VERSION,
+            lease_verdict,
         };
         let call = async move {
             while let Some((pipe_method, pipe, carrier)) = piped.take() {
@@ -564,12 +585,14 @@ type RpcResult<T, E = openraft::error::Infallible> =
     Result<T, RPCError<u64, Member, RaftError<u64, E>>>;
 
 impl PeerClient {
-    /// Sends `payload` and decodes openraft's `Result<Resp, RaftError<E>>` from the answer.
+    /// Sends `payload` (with `lease_verdict` in the envelope) and decodes openraft's
+    /// `Result<Resp, RaftError<E>>` from the answer.
     async fn roundtrip<Resp, E>(
         &self,
         method: Method,
         action: RPCTypes,
         payload: Vec<u8>,
+        lease_verdict: Option<LeaseVerdict>,
         option: &RPCOption,
     ) -> RpcResult<Resp, E>
     where
@@ -579,7 +602,7 @@ impl PeerClient {
         let ttl = option.hard_ttl();
         let bytes = self
             .peers
-            .call(self.target, &self.node, method, payload, ttl)
+            .call_with_verdict(self.target, &self.node, method, payload, lease_verdict, ttl)
             .await
             .map_err(|e| match e {
                 PeerError::Timeout { .. } => RPCError::Timeout(Timeout {
@@ -604,17 +627,22 @@ impl PeerClient {
     /// without a disk write) and forgets it: if it is lost, openraft's next request or
     /// heartbeat carries the committed id again.
     fn notify_commit(&self, notice: AppendEntriesRequest<TypeConfig>) {
+        let verdict = self
+            .peers
+            .verdicts
+            .issue(&notice.vote, notice.leader_commit);
         let Ok(payload) = wire::encode(&notice) else {
             return;
         };
         let (peers, target, node) = (self.peers.clone(), self.target, self.node.clone());
         tokio::spawn(async move {
             let res = peers
-                .call(
+                .call_with_verdict(
                     target,
                     &node,
                     Method::AppendEntries,
                     payload,
+                    verdict,
                     COMMIT_NOTICE_TIMEOUT,
                 )
                 .await;
@@ -681,11 +709,15 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         #[allow(clippy::disallowed_methods)] // A duration to report, not a deadline.
         let started = std::time::Instant::now();
         let overlapped_early = self.peers.early_in_flight(self.target);
+        // The commit heartbeat after a write wakes the follower's lock waiters: it carries
+        // the verdict their grants need (`lease_verdict`).
+        let verdict = self.peers.verdicts.issue(&rpc.vote, rpc.leader_commit);
         let res = self
             .roundtrip(
                 Method::AppendEntries,
                 RPCTypes::AppendEntries,
                 payload,
+                verdict,
                 &option,
             )
             .await;
@@ -715,6 +747,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
             Method::InstallSnapshot,
             RPCTypes::InstallSnapshot,
             payload,
+            None,
             &option,
         )
         .await
@@ -726,7 +759,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> RpcResult<VoteResponse<u64>> {
         let payload = encode_whole(&rpc).map_err(RPCError::Network)?;
-        self.roundtrip(Method::Vote, RPCTypes::Vote, payload, &option)
+        self.roundtrip(Method::Vote, RPCTypes::Vote, payload, None, &option)
             .await
     }
 
@@ -798,6 +831,7 @@ pub(crate) async fn ask_members(
             payload,
             credential: Vec::new(),
             format_version: PEER_FORMAT_VERSION,
+            lease_verdict: None,
         };
         let resp = client
             .members(msg)
@@ -881,6 +915,7 @@ mod tests {
             payload: b"yes".to_vec(),
             credential: Vec::new(),
             format_version: PEER_FORMAT_VERSION,
+            lease_verdict: None,
         }
     }
 

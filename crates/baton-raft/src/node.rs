@@ -211,7 +211,9 @@ impl Node {
     /// The last check before a lock grant to `lease`: the leader confirms its leadership with
     /// a quorum (ReadIndex) and then judges the lease on its lease clock — the only clock
     /// that sees keep-alives — and this replica waits until it has applied everything the
-    /// leader had committed. `Ok(false)`: the lease is gone or past its deadline.
+    /// leader had committed. `Ok(false)`: the lease is gone or past its deadline. On a
+    /// follower the leader's lease verdict, when it stands, is that answer without a call
+    /// (`lease_verdict`).
     ///
     /// Why not [`Node::lease_alive`]: on a follower it knows only that the lease exists
     /// (deadlines live on the leader), and on a deposed leader that has not noticed yet its
@@ -445,6 +447,13 @@ impl Node {
     /// (`early_acks`; also `baton_raft_appends_answered_early_total`).
     pub fn appends_answered_early(&self) -> u64 {
         self.parts.router.peers().early_acks.stood_in_total()
+    }
+
+    /// How many lock grants on this member, a follower, stood on the leader's lease verdict
+    /// instead of a grant check (`lease_verdict`; also `baton_lock_grant_checks_total`
+    /// `{confirmed_by="verdict"}`).
+    pub fn grants_on_lease_verdicts(&self) -> u64 {
+        self.parts.router.peers().verdicts.used_total()
     }
 
     /// etcd's `MoveLeader`: hands leadership to `target`, a voter, once it has caught up.

@@ -53,6 +53,7 @@ use crate::election::{Elector, PreVoteRequest};
 use crate::env::{PeerIncoming, PeerTransport};
 use crate::error::StartError;
 use crate::leader_service::LeaderService;
+use crate::lease_verdict::LeaseVerdicts;
 use crate::membership::admission::AdmissionRefusal;
 use crate::membership::change::{JoinRequest, SenderStanding, REMOVED_MESSAGE};
 use crate::membership::Members;
@@ -85,6 +86,8 @@ pub(crate) struct PeerService {
     pub(crate) handlers: Weak<Handlers>,
     /// Traffic per peer (shared with the peer client).
     pub(crate) meters: Arc<PeerMeters>,
+    /// Where a lease verdict from the leader is kept (shared with the peer client).
+    pub(crate) verdicts: Arc<LeaseVerdicts>,
 }
 
 /// What serves the peer methods beyond openraft's own: requests for the leader, joiners,
@@ -283,6 +286,7 @@ impl PeerService {
             payload,
             credential: Vec::new(),
             format_version: PEER_FORMAT_VERSION,
+            lease_verdict: None,
         }))
     }
 }
@@ -344,8 +348,12 @@ impl RaftService for PeerService {
         &self,
         request: Request<PeerMessage>,
     ) -> Result<Response<PeerMessage>, Status> {
+        let verdict = request.get_ref().lease_verdict;
         let (from, payload) = self.open(request)?;
         let rpc: AppendEntriesRequest<TypeConfig> = decode(&payload)?;
+        if let Some(verdict) = &verdict {
+            self.verdicts.hear(from, verdict, &rpc);
+        }
         let res = self.raft.append_entries(rpc).await;
         self.reply(from, &res)
     }
@@ -426,6 +434,7 @@ impl RaftService for PeerService {
             payload,
             credential: Vec::new(),
             format_version: PEER_FORMAT_VERSION,
+            lease_verdict: None,
         }))
     }
 

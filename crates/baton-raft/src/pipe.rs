@@ -351,6 +351,7 @@ mod tests {
             payload: vec![4, 5],
             credential: Vec::new(),
             format_version: 2,
+            lease_verdict: None,
         };
         let frame = answer(5, Ok(msg.clone()));
         assert_eq!(frame.call_id, 5);

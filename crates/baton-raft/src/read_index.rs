@@ -6,8 +6,10 @@
 //! for the leader's own half), the read floor of the term, and the last confirmation.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use openraft::error::{CheckIsLeaderError, RaftError};
+use openraft::ServerState;
 use tokio::time::Instant;
 
 use crate::answer::{leader_error, ProposeError};
@@ -251,6 +253,37 @@ impl ReadIndex {
         metrics::counter!("baton_lock_grant_checks_total", "confirmed_by" => "lease").increment(1);
         let committed = replica.wal.committed_index();
         Ok(committed.max(self.floor(term, last_log_index)))
+    }
+
+    /// What this member, as leader in `term`, vouches for in a lease verdict
+    /// (`lease_verdict`): how long every lease it tracks stays alive, when a quorum confirmed
+    /// its leadership in `term` within the last heartbeat interval, its lease clock is rebuilt
+    /// for `term` and no lease is being expired or due within two heartbeat intervals. `None`
+    /// otherwise: followers then ask with a grant check, as before.
+    ///
+    /// The conditions are [`ReadIndex::leased_local`]'s (and the clock's, as
+    /// `LeaseDuty::grant_check_local` reads it), for every lease at once.
+    pub(crate) fn vouch_for_leases(&self, term: u64) -> Option<Duration> {
+        let replica = &self.replica;
+        let heartbeat = replica.config.heartbeat_interval;
+        if replica.transfer.is_closed() {
+            return None;
+        }
+        let confirmed = self
+            .confirmed
+            .lock()
+            .is_some_and(|(t, at)| t == term && at.elapsed() < heartbeat);
+        let role = replica.role();
+        let leading = role.state == ServerState::Leader
+            && role.term == term
+            && role.leader == Some(replica.member_id);
+        if !confirmed || !leading {
+            return None;
+        }
+        let alive_for = heartbeat * 2;
+        let clock = replica.shared.leases.lock();
+        (clock.ready_term() == Some(term) && clock.all_alive_for(Instant::now(), alive_for))
+            .then_some(alive_for)
     }
 
     /// Returns once a quorum has confirmed this member's leadership within the last

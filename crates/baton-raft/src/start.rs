@@ -194,7 +194,9 @@ impl Node {
             shutting_down,
         ));
         let meters = peers.meters.clone();
+        let verdicts = peers.verdicts.clone();
         let parts = assemble(replica, peers, clustered, dir.lock, proposer_task);
+        verdicts.bind(Arc::downgrade(&parts.reads));
         let node = Node {
             parts: Arc::new(parts),
         };
@@ -207,6 +209,7 @@ impl Node {
                 raft: replica.raft.clone(),
                 handlers: Arc::downgrade(&node.parts.handlers),
                 meters: meters.clone(),
+                verdicts,
             };
             let tasks = peer_server::spawn(peer_listeners, service);
             node.parts.tasks.lock().extend(tasks);

@@ -23,6 +23,7 @@ fn message(payload: &[u8]) -> PeerMessage {
         payload: payload.to_vec(),
         credential: vec![0xcc; 4],
         format_version: PEER_FORMAT_VERSION,
+        lease_verdict: None,
     }
 }
 
@@ -97,6 +98,18 @@ fn link_bytes_are_pinned() {
     let mut answer_bytes = Vec::new();
     let refused = crate::pipe::answer(5, Err(Status::permission_denied("no")));
     put_frame(&mut answer_bytes, Kind::Answer, Some(&refused));
+    // An AppendEntries from the leader with its lease verdict in the envelope.
+    let mut with_verdict = call(6, b"append");
+    with_verdict.method = PipeMethod::AppendEntries as i32;
+    if let Some(m) = with_verdict.message.as_mut() {
+        m.lease_verdict = Some(baton_proto::baton::raft::v1::LeaseVerdict {
+            term: 4,
+            committed_index: 0x0102,
+            alive_for_ms: 200,
+        });
+    }
+    let mut with_verdict_bytes = Vec::new();
+    put_frame(&mut with_verdict_bytes, Kind::Call, Some(&with_verdict));
     let mut ping = Vec::new();
     put_frame(&mut ping, Kind::Ping, None);
     let mut pong = Vec::new();
@@ -105,6 +118,11 @@ fn link_bytes_are_pinned() {
         ("hello", "the hello, both ways".into(), HELLO.to_vec()),
         ("call", format!("{:?}", call(5, b"payload")), call_bytes),
         ("answer_refused", format!("{refused:?}"), answer_bytes),
+        (
+            "call_lease_verdict",
+            format!("{with_verdict:?}"),
+            with_verdict_bytes,
+        ),
         ("ping", "ping".into(), ping),
         ("pong", "pong".into(), pong),
     ];

@@ -306,6 +306,77 @@ async fn followers_get_entries_while_the_leader_still_writes_them() {
     }
 }
 
+/// A follower grants a lock on the leader's lease verdict (baton-raft `lease_verdict`): while
+/// a quorum confirmed the leader's leadership within the last heartbeat interval, the commit
+/// that reaches a follower carries the verdict, and the follower's grant check is answered
+/// without a call to the leader — refusing, as the leader would, a lease that does not exist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn followers_grant_on_the_leaders_lease_verdict() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut nodes = Vec::new();
+    for c in configs(tmp.path(), 3) {
+        nodes.push(Node::start(c).await.expect("start"));
+    }
+    let refs: Vec<&Node> = nodes.iter().collect();
+    let leader = leader_of(&refs).await;
+    let follower = (leader + 1) % 3;
+    let lease = LeaseId(77);
+    nodes[leader]
+        .propose(Command::LeaseGrant {
+            id: lease,
+            ttl_s: 60,
+        })
+        .await
+        .unwrap();
+    // One write and one grant check on the follower: whether the check stood on a verdict.
+    let mut round = 0;
+    let mut grant_after_a_write = |asked: LeaseId| {
+        round += 1;
+        let key = format!("k{round}");
+        let (leader, follower) = (&nodes[leader], &nodes[follower]);
+        async move {
+            // A keep-alive confirms the leadership, as clients' keep-alives do all the time;
+            // the write's commit then reaches the follower with a verdict.
+            leader.renew_lease(lease).await.unwrap();
+            leader.propose(put(&key, "v")).await.unwrap();
+            while get(follower, &key).is_none() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let before = follower.grants_on_lease_verdicts();
+            // Refused, as the leader would, for a lease that does not exist.
+            let exists = asked == lease;
+            assert_eq!(follower.confirm_grant(asked).await.unwrap(), exists);
+            follower.grants_on_lease_verdicts() > before
+        }
+    };
+    // Until the leader's lease clock is rebuilt (its first ticks as leader) it vouches for
+    // nothing, and the follower asks.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !grant_after_a_write(lease).await {
+        assert!(
+            Instant::now() < deadline,
+            "no grant ever stood on a verdict"
+        );
+    }
+    const ROUNDS: u64 = 20;
+    let mut on_verdicts = 0;
+    for i in 0..ROUNDS {
+        let asked = if i % 4 == 3 { LeaseId(78) } else { lease };
+        on_verdicts += u64::from(grant_after_a_write(asked).await);
+    }
+    // Some commits may reach the follower on a heartbeat without a verdict (leadership not
+    // confirmed within the interval on a loaded machine): those checks ask the leader.
+    assert!(
+        on_verdicts >= ROUNDS / 2,
+        "only {on_verdicts} of {ROUNDS} grant checks stood on a verdict"
+    );
+    // The leader never stands on a verdict: its own check is local.
+    assert_eq!(nodes[leader].grants_on_lease_verdicts(), 0);
+    for n in &nodes {
+        n.shutdown().await;
+    }
+}
+
 /// A follower's answer to the early AppendEntries stands in for openraft's own request of
 /// the same entries (baton-raft `early_acks`): with the leader's disk 40 ms slow, followers
 /// acknowledge each entry long before openraft's request for it would leave, so that request

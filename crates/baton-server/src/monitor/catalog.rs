@@ -129,6 +129,7 @@ pub(crate) const FAMILIES: &[(&str, Kind, &str)] = &[
     ("baton_lock_held", Gauge, "Registered locks with a holder."),
     ("baton_lock_registry_locks", Gauge, "Locks in the registry (held, waited for, or kept for a pending lock-delay or a recent force-release)."),
     ("baton_lock_wakeups_total", Counter, "Waiters woken because their predecessor's key was deleted (one per release: no herd)."),
+    ("baton_lock_grant_checks_total", Counter, "Checks before a lock grant, by how they were confirmed: lease (on the leader, leadership confirmed within the last heartbeat interval), round (on the leader, after a ReadIndex round), verdict (on a follower, by the leader's lease verdict on its last AppendEntries, without a call)."),
     ("baton_lock_expired_holders_total", Counter, "Lock holders that lost their lock because their lease expired (expired owners; counted by the leader)."),
     ("baton_fencing_rejections_total", Counter, "Writes or checks refused because their fencing token was stale, by source (fenced_put, fence_check)."),
     ("baton_lock_delay_refusals_total", Counter, "Acquisitions that reached the head of the queue while the lock was in lock-delay (they waited it out, or were refused with try)."),

@@ -1005,6 +1005,7 @@ pub mod peer {
                 .unwrap_or_default(),
             // Absent, as a binary from before the field sends it: read as peer format 1.
             format_version: 0,
+            lease_verdict: None,
         };
         let d = std::time::Duration::from_secs(10);
         match method {
