@@ -36,8 +36,14 @@ use tokio::time::Instant;
 
 use baton_proto::baton::raft::v1::LeaseVerdict;
 
-use crate::read_index::ReadIndex;
 use crate::types::TypeConfig;
+
+/// The leader's side of a verdict: how long every lease stays alive, if it can vouch for that
+/// now as leader in `term` (`ReadIndex::vouch_for_leases`). A trait so that this module, which
+/// the network uses, does not reach back into the replica's parts above it.
+pub(crate) trait VouchForLeases: Send + Sync {
+    fn vouch_for_leases(&self, term: u64) -> Option<Duration>;
+}
 
 /// A verdict as heard by a follower.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,14 +62,14 @@ struct Heard {
 pub(crate) struct LeaseVerdicts {
     /// Where the leader's confirmations and lease clock are; bound once the replica's parts
     /// exist (the peer client is made before them). Weak: the network must not keep them.
-    reads: OnceLock<Weak<ReadIndex>>,
+    reads: OnceLock<Weak<dyn VouchForLeases>>,
     heard: Mutex<Option<Heard>>,
     /// Grants that stood on a verdict instead of a grant check.
     used: AtomicU64,
 }
 
 impl LeaseVerdicts {
-    pub(crate) fn bind(&self, reads: Weak<ReadIndex>) {
+    pub(crate) fn bind(&self, reads: Weak<dyn VouchForLeases>) {
         let _ = self.reads.set(reads);
     }
 

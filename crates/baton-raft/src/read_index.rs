@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use crate::answer::{leader_error, ProposeError};
 use crate::calls::ReadIndexCall;
+use crate::lease_verdict::VouchForLeases;
 use crate::limits::{LEADER_RETRY_INTERVAL, REQUEST_TIMEOUT};
 use crate::replica::Replica;
 use crate::routing::{Routed, Router};
@@ -306,5 +307,11 @@ impl ReadIndex {
         }
         self.local().await?;
         Ok(())
+    }
+}
+
+impl VouchForLeases for ReadIndex {
+    fn vouch_for_leases(&self, term: u64) -> Option<Duration> {
+        ReadIndex::vouch_for_leases(self, term)
     }
 }

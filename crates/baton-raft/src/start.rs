@@ -23,6 +23,7 @@ use crate::fencing_duty::FencingKeyDuty;
 use crate::files::{self, MemberMeta};
 use crate::leader_service::LeaderService;
 use crate::lease_duty::LeaseDuty;
+use crate::lease_verdict::VouchForLeases;
 use crate::limits::{REQUEST_TIMEOUT, STARTUP_LEADER_WAIT};
 use crate::membership::{self, Members};
 use crate::network::{PeerNetwork, Peers};
@@ -196,7 +197,8 @@ impl Node {
         let meters = peers.meters.clone();
         let verdicts = peers.verdicts.clone();
         let parts = assemble(replica, peers, clustered, dir.lock, proposer_task);
-        verdicts.bind(Arc::downgrade(&parts.reads));
+        let reads: Arc<dyn VouchForLeases> = parts.reads.clone();
+        verdicts.bind(Arc::downgrade(&reads));
         let node = Node {
             parts: Arc::new(parts),
         };
