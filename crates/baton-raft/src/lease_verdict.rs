@@ -99,9 +99,9 @@ impl LeaseVerdicts {
 
     /// The follower's side: keeps the verdict on an AppendEntries from `from`, if the request
     /// is that leader's own and carries the committed id the verdict names, of the verdict's
-    /// term. Called before
-    /// the request is handed to Raft, so that the waiter its commit wakes finds it; whether
-    /// Raft then accepts the request is checked when the verdict is used (term and leader).
+    /// term. Called before the request is handed to Raft, so that the waiter its commit wakes
+    /// finds it; whether Raft then accepts the request is checked when the verdict is used
+    /// (term and leader).
     pub(crate) fn hear(
         &self,
         from: u64,
