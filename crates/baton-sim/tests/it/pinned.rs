@@ -64,13 +64,16 @@ fn seed_65_quick_member_behind_a_stalled_connection_catches_up() {
 /// process, as `replay` runs it (tokio's task ids are process-wide), and the build must seed
 /// tokio's per-runtime RNG (`select!`), which needs `--cfg tokio_unstable` (every workspace
 /// build has it: .cargo/config.toml). Without it, runs of one seed can differ
-/// (docs/simulation.md), so a build whose RUSTFLAGS replaced that flag skips this test.
+/// (docs/simulation.md), so a build whose RUSTFLAGS replaced that flag fails this test with
+/// that reason rather than skipping it: a determinism check that does not run must not pass.
 #[test]
-#[cfg_attr(
-    not(tokio_unstable),
-    ignore = "bit-for-bit replay needs --cfg tokio_unstable (.cargo/config.toml; RUSTFLAGS replaced it)"
-)]
+#[allow(clippy::assertions_on_constants)] // Constant per build, on purpose: the build is checked.
 fn same_seed_same_trace() {
+    assert!(
+        cfg!(tokio_unstable),
+        "bit-for-bit replay needs --cfg tokio_unstable (.cargo/config.toml sets it; RUSTFLAGS \
+         replaced it in this build)"
+    );
     let trace = |seed: u64| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_baton-sim"))
             .args(["replay", "--quick", "--seed", &seed.to_string()])
