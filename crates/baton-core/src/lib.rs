@@ -36,6 +36,7 @@
 //! pins it (golden bytes).
 
 pub mod auth;
+mod change_index;
 mod clients;
 pub mod command;
 mod crc32;
@@ -46,6 +47,7 @@ mod mvcc;
 pub mod state_machine;
 pub mod types;
 mod validate;
+pub mod value;
 pub mod watch;
 
 pub use auth::{

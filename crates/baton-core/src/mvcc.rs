@@ -7,7 +7,8 @@
 //!   store of `n` keys is one `O(log n)` map lookup plus a push; a read at revision `r` is a
 //!   binary search in that key's (short) vector; a prefix range walks only the keys in the
 //!   prefix, never the whole map.
-//! - `changes: OrdMap<revision, keys>`, the keys changed at each revision *in the order
+//! - `changes: revision → keys` (a persistent vector in revision order, see
+//!   [`crate::change_index`]), the keys changed at each revision *in the order
 //!   the command changed them*. Watch catch-up from revision `r` walks this index from `r`
 //!   instead of every key, and compaction uses it to visit only the keys that changed since
 //!   the previous compaction. The order matters: events of one revision must come out in
@@ -23,73 +24,18 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
+use std::sync::Arc;
 
 use imbl::OrdMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::change_index::ChangeIndex;
 use crate::crc32::Crc32;
 use crate::types::{Event, EventKind, KeyRange, KeyValue, LeaseId, Revision};
+use crate::value::{Value, ValueSpill};
 
-/// A key as the store holds it: exactly its bytes (a `Vec` would add a capacity word and,
-/// from a request buffer, possibly slack). Serializes exactly like `Vec<u8>`, so snapshots
-/// written before the change read back unchanged.
-pub(crate) type Key = Box<[u8]>;
-
-/// The keys changed at one revision, in operation order. Almost every revision changes one
-/// key, so that one is held inline: a vector per revision cost an allocation (32 bytes with
-/// glibc) per write. Serialized as a sequence of keys, exactly as the `Vec<Vec<u8>>` it
-/// replaced, so snapshots read back unchanged.
-///
-/// Persisted: see [`crate::format`] (the encoding is that sequence, whatever the variant).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Changed {
-    One(Key),
-    Many(Vec<Key>),
-}
-
-impl Changed {
-    pub(crate) fn as_slice(&self) -> &[Key] {
-        match self {
-            Changed::One(k) => std::slice::from_ref(k),
-            Changed::Many(v) => v,
-        }
-    }
-
-    fn push(&mut self, key: Key) {
-        match self {
-            Changed::One(first) => {
-                let first = std::mem::take(first);
-                *self = Changed::Many(vec![first, key]);
-            }
-            Changed::Many(v) => v.push(key),
-        }
-    }
-
-    fn into_vec(self) -> Vec<Key> {
-        match self {
-            Changed::One(k) => vec![k],
-            Changed::Many(v) => v,
-        }
-    }
-}
-
-impl Serialize for Changed {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.as_slice())
-    }
-}
-
-impl<'de> Deserialize<'de> for Changed {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let mut v = Vec::<Key>::deserialize(d)?;
-        Ok(if v.len() == 1 {
-            Changed::One(v.pop().expect("one key"))
-        } else {
-            Changed::Many(v)
-        })
-    }
-}
+pub(crate) use crate::change_index::{Changed, Key};
 
 /// Bookkeeping bytes charged per retained version in `approximate_size_bytes`: the
 /// `Version` record itself, its share of the map node, and the key copy in `changes`.
@@ -104,8 +50,9 @@ pub(crate) struct Live {
     pub(crate) create_revision: i64,
     pub(crate) version: i64,
     pub(crate) lease: i64,
-    /// Boxed for the same reasons as [`Key`] (and serialized the same as a `Vec<u8>`).
-    pub(crate) value: Box<[u8]>,
+    /// In the heap or spilled to the member's value file ([`crate::value`]); serialized as
+    /// the `Box<[u8]>` it replaced (the same bytes as a `Vec<u8>`).
+    pub(crate) value: Value,
 }
 
 /// One version of one key: a live value or a tombstone (`live == None`).
@@ -132,6 +79,28 @@ pub(crate) fn key_value(key: &[u8], mod_revision: i64, live: &Live) -> KeyValue 
         mod_revision: Revision(mod_revision),
         version: live.version,
         value: live.value.to_vec(),
+        lease: LeaseId(live.lease),
+    }
+}
+
+/// A previous version as a write's event (and response) carries it: with its value only when
+/// `with_value` (reading a value from the value file costs a read; see
+/// `StateMachine::set_prev_values_in_events`).
+pub(crate) fn prev_key_value(
+    key: &[u8],
+    mod_revision: i64,
+    live: &Live,
+    with_value: bool,
+) -> KeyValue {
+    if with_value {
+        return key_value(key, mod_revision, live);
+    }
+    KeyValue {
+        key: key.to_vec(),
+        create_revision: Revision(live.create_revision),
+        mod_revision: Revision(mod_revision),
+        version: live.version,
+        value: Vec::new(),
         lease: LeaseId(live.lease),
     }
 }
@@ -171,8 +140,9 @@ fn bounds(range: &KeyRange) -> Option<KeyBounds<'_>> {
 /// them are at most the whole tree once per snapshot, spread over the writes that follow.
 pub(crate) type KeyMap = OrdMap<Key, Vec<Version>>;
 
-/// The revision → changed keys index; persistent for the same reason as [`KeyMap`].
-pub(crate) type ChangeMap = OrdMap<i64, Changed>;
+/// The revision → changed keys index; persistent for the same reason as [`KeyMap`] (see
+/// [`crate::change_index`] for why it is a vector).
+pub(crate) type ChangeMap = ChangeIndex;
 
 /// See the module docs.
 #[derive(Debug, Clone, Default)]
@@ -183,7 +153,18 @@ pub(crate) struct KeyStore {
     live_keys: usize,
     /// Sum of `Version::size_bytes` over all retained versions. Derived.
     size_bytes: u64,
+    /// Where values go out of the heap, once the member hands a spill in (never in the
+    /// simulation). Local to this member: not persisted, not replicated.
+    spill: Option<Arc<dyn ValueSpill>>,
+    /// The last key the evacuation walk ([`KeyStore::evacuate`]) visited; `None`: the walk
+    /// starts (again) from the first key.
+    evacuation_cursor: Option<Key>,
 }
+
+/// The most versions one [`KeyStore::evacuate`] step moves, and the most keys it looks at:
+/// it runs under the state's write lock, after an applied entry, so each step is short.
+const EVACUATE_MOVES_PER_STEP: usize = 64;
+const EVACUATE_KEYS_PER_STEP: usize = 1024;
 
 impl KeyStore {
     /// Rebuilds a store from its persisted parts, recomputing the derived counters.
@@ -192,7 +173,7 @@ impl KeyStore {
         changes: BTreeMap<i64, Changed>,
     ) -> Self {
         let keys: KeyMap = keys.into_iter().collect();
-        let changes: ChangeMap = changes.into_iter().collect();
+        let changes = ChangeIndex::from_sorted(changes);
         let mut live_keys = 0;
         let mut size_bytes = 0;
         for (k, versions) in &keys {
@@ -206,7 +187,74 @@ impl KeyStore {
             changes,
             live_keys,
             size_bytes,
+            spill: None,
+            evacuation_cursor: None,
         }
+    }
+
+    /// Keeps values out of the heap from now on: every value already in the store that is
+    /// long enough is moved to `spill` (one walk over the store), and later ones as they
+    /// enter. A copy of the store that shares nodes with this one is unaffected (the walk
+    /// copies the nodes it changes).
+    pub(crate) fn attach_spill(&mut self, spill: Arc<dyn ValueSpill>) {
+        spill.start_segment();
+        let keys: Vec<Key> = self.keys.keys().cloned().collect();
+        for key in keys {
+            let versions = self.keys.get_mut(&key).expect("key listed a moment ago");
+            for live in versions.iter_mut().filter_map(|v| v.live.as_mut()) {
+                live.value.enter_store(Some(spill.as_ref()));
+            }
+        }
+        self.spill = Some(spill);
+        self.evacuation_cursor = None;
+    }
+
+    /// One bounded step of moving values out of segments the spill marked for evacuation
+    /// (see [`crate::value`]). Changes nothing any read can see. Returns how many versions'
+    /// values moved.
+    pub(crate) fn evacuate(&mut self) -> usize {
+        let Some(spill) = self.spill.clone() else {
+            return 0;
+        };
+        if !spill.evacuation_pending() {
+            self.evacuation_cursor = None;
+            return 0;
+        }
+        let start = match &self.evacuation_cursor {
+            Some(k) => Bound::Excluded(k.clone()),
+            None => Bound::Unbounded,
+        };
+        let mut visited = 0;
+        let mut to_move: Vec<Key> = Vec::new();
+        let mut last: Option<Key> = None;
+        for (key, versions) in self.keys.range((start, Bound::Unbounded)) {
+            visited += 1;
+            last = Some(key.clone());
+            let moves = versions
+                .iter()
+                .filter(|v| {
+                    v.live
+                        .as_ref()
+                        .is_some_and(|l| l.value.in_evacuated_segment())
+                })
+                .count();
+            if moves > 0 {
+                to_move.push(key.clone());
+            }
+            if visited >= EVACUATE_KEYS_PER_STEP || to_move.len() >= EVACUATE_MOVES_PER_STEP {
+                break;
+            }
+        }
+        let mut moved = 0;
+        for key in &to_move {
+            let versions = self.keys.get_mut(key).expect("key listed a moment ago");
+            for live in versions.iter_mut().filter_map(|v| v.live.as_mut()) {
+                moved += usize::from(live.value.evacuate(spill.as_ref()));
+            }
+        }
+        // Past the last key: the next step starts a new pass from the first.
+        self.evacuation_cursor = if visited == 0 { None } else { last };
+        moved
     }
 
     pub(crate) fn keys(&self) -> &KeyMap {
@@ -244,8 +292,9 @@ impl KeyStore {
         v.live.as_ref().map(|l| (v.mod_revision, l))
     }
 
-    fn push(&mut self, key: &[u8], version: Version) {
+    fn push(&mut self, key: &[u8], mut version: Version) {
         let rev = version.mod_revision;
+        self.enter(&mut version);
         self.size_bytes += version.size_bytes(key);
         // A new version vector starts with room for exactly one: most keys are written once,
         // and `push` onto an empty vector reserves four (~18 MB unused at 100k keys).
@@ -276,14 +325,25 @@ impl KeyStore {
         self.note_change(key, rev);
     }
 
+    /// A version enters the store: its value goes to the spill (or is counted in its
+    /// segment once more).
+    fn enter(&self, version: &mut Version) {
+        if let Some(live) = version.live.as_mut() {
+            live.value.enter_store(self.spill.as_deref());
+        }
+    }
+
+    /// A version leaves the store (compaction, or an import replacing it).
+    fn leave(&mut self, key: &[u8], version: &Version) {
+        self.size_bytes -= version.size_bytes(key);
+        if let Some(live) = &version.live {
+            live.value.leave_store();
+        }
+    }
+
     /// Lists `key` in the change index at `rev`, after the keys already changed there.
     fn note_change(&mut self, key: &[u8], rev: i64) {
-        match self.changes.get_mut(&rev) {
-            Some(changed) => changed.push(key.into()),
-            None => {
-                self.changes.insert(rev, Changed::One(key.into()));
-            }
-        }
+        self.changes.note(rev, key.into());
     }
 
     /// Writes a live version of `key` at `rev`, made by `make` from the key's newest live
@@ -309,10 +369,13 @@ impl KeyStore {
         );
         let was_live = last.live.is_some();
         let (live, out) = make(last.live.as_ref().map(|l| (last.mod_revision, l)));
-        let version = Version {
+        let mut version = Version {
             mod_revision: rev,
             live: Some(live),
         };
+        if let Some(live) = version.live.as_mut() {
+            live.value.enter_store(self.spill.as_deref());
+        }
         self.size_bytes += version.size_bytes(key);
         versions.push(version);
         if !was_live {
@@ -360,14 +423,15 @@ impl KeyStore {
                 self.live_keys -= 1;
             }
             for v in &old {
-                self.size_bytes -= v.size_bytes(key);
+                self.leave(key, v);
             }
         }
         if let Some(live) = live {
-            let version = Version {
+            let mut version = Version {
                 mod_revision: rev,
                 live: Some(live),
             };
+            self.enter(&mut version);
             self.size_bytes += version.size_bytes(key);
             self.live_keys += 1;
             self.keys.insert(key.into(), vec![version]);
@@ -392,14 +456,9 @@ impl KeyStore {
     /// changed since the previous compaction can have anything to drop, and `changes` lists
     /// exactly those, so the cost is proportional to the history being dropped.
     pub(crate) fn compact(&mut self, at: i64) {
-        // (`OrdMap::split` walks the whole map; removing the dropped revisions one by one costs
-        // in proportion to the history being dropped.)
-        let dropped: Vec<i64> = self.changes.range(..=at).map(|(&rev, _)| rev).collect();
         let mut touched: BTreeSet<Key> = BTreeSet::new();
-        for rev in dropped {
-            if let Some(changed) = self.changes.remove(&rev) {
-                touched.extend(changed.into_vec());
-            }
+        for (_, changed) in self.changes.remove_through(at) {
+            touched.extend(changed.into_vec());
         }
         for key in touched {
             let Some(versions) = self.keys.get_mut(&key) else {
@@ -411,11 +470,12 @@ impl KeyStore {
                 Some(v) if v.live.is_some() => n - 1,
                 Some(_) => n,
             };
-            for v in versions.drain(..drop_n) {
-                self.size_bytes -= v.size_bytes(&key);
-            }
+            let dropped: Vec<Version> = versions.drain(..drop_n).collect();
             if versions.is_empty() {
                 self.keys.remove(&key);
+            }
+            for v in &dropped {
+                self.leave(&key, v);
             }
         }
     }
@@ -474,7 +534,7 @@ impl KeyStore {
             }
             return (out, None);
         }
-        for (&rev, keys) in self.changes.range(from..) {
+        for (&rev, keys) in self.changes.iter_from(from) {
             let mut batch = Vec::new();
             for key in keys.as_slice().iter().filter(|k| range.contains(k)) {
                 let versions = &self.keys[key];
@@ -507,7 +567,7 @@ impl KeyStore {
                         crc.update_i64(l.create_revision);
                         crc.update_i64(l.version);
                         crc.update_i64(l.lease);
-                        crc.update_bytes(&l.value);
+                        crc.update_bytes(&l.value.bytes());
                     }
                     None => crc.update(&[0]),
                 }
@@ -544,7 +604,7 @@ impl KeyStore {
                 } else {
                     let listed = self
                         .changes
-                        .get(&v.mod_revision)
+                        .get(v.mod_revision)
                         .is_some_and(|ks| ks.as_slice().iter().any(|k| k == key));
                     if !listed {
                         return Err("version missing from the change index".into());
@@ -561,7 +621,7 @@ impl KeyStore {
                 return Err("uncompacted history below the compact revision".into());
             }
         }
-        for (&rev, keys) in &self.changes {
+        for (&rev, keys) in self.changes.iter() {
             let keys = keys.as_slice();
             if rev <= compact || rev > revision {
                 return Err(format!("change index entry at revision {rev}"));
@@ -651,14 +711,95 @@ mod tests {
         assert!(frozen
             .keys()
             .iter()
-            .all(|(_, v)| v.len() == 1 && &*v[0].live.as_ref().unwrap().value == b"a"));
+            .all(|(_, v)| v.len() == 1 && *v[0].live.as_ref().unwrap().value.bytes() == *b"a"));
         assert_eq!(frozen.changes().len(), 1000);
         assert!(store
             .keys()
             .iter()
-            .all(|(_, v)| v.len() == 1 && &*v[0].live.as_ref().unwrap().value == b"b"));
+            .all(|(_, v)| v.len() == 1 && *v[0].live.as_ref().unwrap().value.bytes() == *b"b"));
         assert!(store.changes().is_empty());
         assert_eq!(store.check_invariants(2999, 2999), Ok(()));
         assert_eq!(frozen.check_invariants(1001, 0), Ok(()));
+    }
+
+    /// The values a store holds, with their versions, read back.
+    fn contents(store: &KeyStore) -> Vec<(Vec<u8>, i64, Option<Vec<u8>>)> {
+        store
+            .keys()
+            .iter()
+            .flat_map(|(k, vs)| {
+                vs.iter().map(move |v| {
+                    let value = v.live.as_ref().map(|l| l.value.to_vec());
+                    (k.to_vec(), v.mod_revision, value)
+                })
+            })
+            .collect()
+    }
+
+    /// With a spill attached, long values leave the heap and read back the same; compaction
+    /// releases them; evacuation empties mostly-garbage segments until none is pending, and
+    /// the segments nobody refers to any more are gone. A copy taken before (a snapshot)
+    /// keeps reading its own values throughout.
+    #[test]
+    fn spilled_values_read_back_and_garbage_segments_are_evacuated() {
+        use crate::value::tests::MemSpill;
+        let value = |i: u64, round: u64| format!("{round:04}-{i:0>200}").into_bytes();
+        let mut store = KeyStore::default();
+        // Some written before the spill is attached: they move on attach.
+        for i in 0..50u64 {
+            store.put(
+                format!("k{i:03}").as_bytes(),
+                2 + i as i64,
+                live(&value(i, 0)),
+            );
+        }
+        let spill = Arc::new(MemSpill::new(8 * 1024));
+        store.attach_spill(spill.clone());
+        let mut rev = 52;
+        for round in 1..6u64 {
+            for i in 0..200u64 {
+                store.put(format!("k{i:03}").as_bytes(), rev, live(&value(i, round)));
+                rev += 1;
+            }
+        }
+        // One short value stays in the heap.
+        store.put(b"short", rev, live(b"s"));
+        let spilled = store
+            .keys()
+            .values()
+            .flatten()
+            .filter(|v| matches!(v.live.as_ref().unwrap().value, Value::Spilled { .. }))
+            .count();
+        assert_eq!(spilled, 50 + 5 * 200, "every long value spilled");
+        let before = contents(&store);
+        let frozen = store.clone();
+        // Drop all but the newest version of every key: most of every older segment is garbage.
+        store.compact(rev);
+        assert_eq!(store.check_invariants(rev, rev), Ok(()));
+        let segments_before = spill.live_segments();
+        let mut steps = 0;
+        while spill.evacuation_pending() {
+            store.evacuate();
+            steps += 1;
+            assert!(steps < 1000, "evacuation does not finish");
+        }
+        let after: Vec<_> = contents(&store);
+        let expected: Vec<_> = before
+            .iter()
+            .filter(|(k, r, _)| store.keys()[k.as_slice()][0].mod_revision == *r)
+            .cloned()
+            .collect();
+        assert_eq!(
+            after, expected,
+            "values read back unchanged after evacuation"
+        );
+        assert_eq!(contents(&frozen), before, "the copy reads its own values");
+        drop(frozen);
+        assert!(
+            spill.live_segments() < segments_before,
+            "evacuated segments are freed ({} before, {} after)",
+            segments_before,
+            spill.live_segments()
+        );
     }
 }

@@ -47,6 +47,8 @@ pub struct WatchHub {
     watchers: BTreeMap<WatcherId, Watcher>,
     /// Revision of the last `publish`, to catch a caller feeding entries out of order.
     last_published: Revision,
+    /// Watchers that asked for `prev_kv` (see [`WatchHub::wants_prev_values`]).
+    prev_kv_watchers: usize,
 }
 
 #[derive(Debug)]
@@ -106,6 +108,19 @@ impl WatchHub {
             next_id: 1,
             watchers: BTreeMap::new(),
             last_published: Revision(0),
+            prev_kv_watchers: 0,
+        }
+    }
+
+    /// Whether some watcher asked for `prev_kv`: only then do published events need the
+    /// previous values (see `StateMachine::set_prev_values_in_events`).
+    pub fn wants_prev_values(&self) -> bool {
+        self.prev_kv_watchers > 0
+    }
+
+    fn forget(&mut self, id: WatcherId) {
+        if let Some(w) = self.watchers.remove(&id) {
+            self.prev_kv_watchers -= usize::from(w.spec.prev_kv);
         }
     }
 
@@ -127,13 +142,14 @@ impl WatchHub {
         } else {
             State::Unsynced { next: start }
         };
+        self.prev_kv_watchers += usize::from(spec.prev_kv);
         self.watchers.insert(id, Watcher { spec, state });
         id
     }
 
     /// Forgets a watcher; unknown ids are ignored.
     pub fn remove(&mut self, id: WatcherId) {
-        self.watchers.remove(&id);
+        self.forget(id);
     }
 
     /// Feeds the events one applied entry produced (all share one revision).
@@ -241,7 +257,7 @@ impl WatchHub {
                     let batch = match store.history(&w.spec.range, from, max_events) {
                         Ok(b) => b,
                         Err(KvError::Compacted) => {
-                            self.watchers.remove(&id);
+                            self.forget(id);
                             return Some(WatchOutput::Compacted {
                                 compact_revision: store.compact_revision(),
                             });
@@ -428,6 +444,32 @@ mod tests {
         );
         assert!(n.hub.is_synced(w, &n.sm));
         assert_eq!(n.take(w, 10), None);
+    }
+
+    /// The hub counts the watchers that want `prev_kv` as they come and go (the state
+    /// machine leaves previous values out of events while there are none).
+    #[test]
+    fn wants_prev_values_follows_the_watchers() {
+        let mut n = Node::new(100);
+        assert!(!n.hub.wants_prev_values());
+        let plain = n.watch(spec("a", "", 0));
+        assert!(!n.hub.wants_prev_values());
+        let with = n.watch(WatchSpec {
+            prev_kv: true,
+            ..spec("a", "", 0)
+        });
+        let with2 = n.watch(WatchSpec {
+            prev_kv: true,
+            ..spec("b", "", 0)
+        });
+        assert!(n.hub.wants_prev_values());
+        n.hub.remove(with);
+        assert!(n.hub.wants_prev_values(), "one left");
+        n.hub.remove(with2);
+        n.hub.remove(with2);
+        assert!(!n.hub.wants_prev_values(), "a second remove counts nothing");
+        n.hub.remove(plain);
+        assert!(!n.hub.wants_prev_values());
     }
 
     #[test]

@@ -80,6 +80,9 @@ impl DiskWatch {
         let replica = &self.replica;
         let shared = &replica.shared;
         let free = shared.measure_free();
+        if let Some(values) = &shared.values {
+            metrics::gauge!("baton_value_file_bytes").set(values.bytes() as f64);
+        }
         replica.wal.retry_stalled();
         let mut snapshot_blocked = shared.space.snapshot_blocked();
         if snapshot_blocked && shared.snapshot_fits() {

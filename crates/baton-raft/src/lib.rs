@@ -98,6 +98,7 @@ mod ticker;
 mod transfer;
 mod transfer_gate;
 mod types;
+mod value_file;
 mod wal;
 mod wire;
 

@@ -29,6 +29,7 @@ use crate::observe::{ApplyTally, SLOW_APPLY};
 use crate::snapshot;
 use crate::space::{self, Space};
 use crate::types::{LogId, Membership, RaftEntry, Reply, SnapshotMeta, StorageError, TypeConfig};
+use crate::value_file::ValueFile;
 
 /// Everything that changes together when an entry is applied; one lock so that a snapshot's
 /// bytes, last log id and membership always agree.
@@ -85,6 +86,9 @@ pub(crate) struct Shared {
     pub(crate) space: Space,
     /// A leader's snapshot is being installed (`etcd_server_snapshot_apply_in_progress_total`).
     pub(crate) installing_snapshot: AtomicBool,
+    /// Where the key store keeps its values out of the heap (`None` on a simulated disk):
+    /// handed to every state this member adopts.
+    pub(crate) values: Option<Arc<ValueFile>>,
 }
 
 impl Shared {
@@ -95,6 +99,7 @@ impl Shared {
         db_path: PathBuf,
         current_snapshot: Option<CurrentSnapshot>,
         space: Space,
+        values: Option<Arc<ValueFile>>,
     ) -> Self {
         let (revision_tx, _) = watch::channel(state.sm.revision());
         let bytes = current_snapshot.as_ref().map_or(0, |c| c.2);
@@ -114,6 +119,7 @@ impl Shared {
             snapshots_closed: AtomicBool::new(false),
             space,
             installing_snapshot: AtomicBool::new(false),
+            values,
         }
     }
 
@@ -184,6 +190,10 @@ impl Shared {
         // and clamping here (deterministically, from replicated state) keeps that true even
         // across a leader whose clock is behind its predecessor's.
         let time_ms = time_ms.unwrap_or(0).max(st.sm.last_time_ms());
+        // Events carry previous values only if a watcher asked for them (no watcher can be
+        // added while this entry is applied: registering takes the state lock too).
+        let prev_values = self.hub.lock().wants_prev_values();
+        st.sm.set_prev_values_in_events(prev_values);
         let first_index = st.next_core_index();
         let mut results = Vec::with_capacity(commands.len());
         for (index, command) in (first_index..).zip(commands) {
@@ -219,6 +229,7 @@ impl Shared {
         if now.elapsed() > SLOW_APPLY {
             st.tally.slow_applies += 1;
         }
+        st.sm.evacuate_values();
         st.last_applied = Some(log_id);
         if let Some(m) = membership {
             st.membership = m;
@@ -524,8 +535,11 @@ impl StateStore {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
         let body = snapshot.into_inner();
-        let sm = StateMachine::restore(&body)
+        let mut sm = StateMachine::restore(&body)
             .map_err(|e| sm_err(format!("received snapshot does not restore: {e}")))?;
+        if let Some(values) = &self.shared.values {
+            sm.keep_values_in(values.clone());
+        }
         let bytes = body.len();
         drop(body);
         // On a full disk the leader's snapshot is retried until it is written (the state

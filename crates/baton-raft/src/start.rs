@@ -36,6 +36,7 @@ use crate::replica::Replica;
 use crate::routing::Router;
 use crate::sm::{AppliedState, CurrentSnapshot, Shared, StateStore};
 use crate::types::{Member, Raft};
+use crate::value_file::ValueFile;
 use crate::{force, publish, snapshot, space, ticker, wal, wire};
 
 /// The ids `--initial-cluster` derives for a multi-member cluster, and its state.
@@ -105,6 +106,17 @@ impl Node {
             config.quota_backend_bytes,
             config.env.disk.is_none(),
         );
+        // Values out of the heap, in a scratch file beside the log (a simulated disk keeps
+        // them in memory: the simulation does no real I/O).
+        let values = config
+            .env
+            .disk
+            .is_none()
+            .then(|| Arc::new(ValueFile::new(&config.data_dir)));
+        let mut state = state;
+        if let Some(values) = &values {
+            state.sm.keep_values_in(values.clone());
+        }
         let mut shared = Shared::new(
             state,
             hub,
@@ -112,6 +124,7 @@ impl Node {
             dir.db.clone(),
             current_snapshot,
             space,
+            values,
         );
         shared.snapshots_held = AtomicBool::new(kv_changed.is_some());
         shared.kv_changed_at_start = kv_changed;

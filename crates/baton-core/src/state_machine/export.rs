@@ -2,6 +2,8 @@
 //! (etcd's backend orders its `key` bucket so, by main then sub revision), and the tables a
 //! backup carries beside the keys. Read-only; the server turns it into etcd's layout.
 
+use std::borrow::Cow;
+
 use crate::mvcc::{Key, Version};
 use crate::types::LeaseId;
 
@@ -9,7 +11,7 @@ use super::store::StateMachine;
 
 /// One retained version of one key, at `(mod_revision, sub)`: `sub` is its position among
 /// the changes of its revision (etcd's sub revision, the operation's place in its txn).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VersionRef<'a> {
     pub key: &'a [u8],
     pub mod_revision: i64,
@@ -19,12 +21,13 @@ pub struct VersionRef<'a> {
 }
 
 /// A live version's data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LiveRef<'a> {
     pub create_revision: i64,
     pub version: i64,
     pub lease: i64,
-    pub value: &'a [u8],
+    /// Borrowed from the heap, or read from the member's value file ([`crate::value`]).
+    pub value: Cow<'a, [u8]>,
 }
 
 /// A lease as a backup carries it (etcd's `leasepb.Lease`).
@@ -45,7 +48,7 @@ fn version_ref<'a>(key: &'a Key, v: &'a Version, sub: i64) -> VersionRef<'a> {
             create_revision: l.create_revision,
             version: l.version,
             lease: l.lease,
-            value: &l.value,
+            value: l.value.bytes(),
         }),
     }
 }

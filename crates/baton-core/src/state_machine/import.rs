@@ -395,7 +395,8 @@ mod tests {
                 v.key,
                 v.mod_revision,
                 v.live
-                    .map(|l| (l.create_revision, l.version, l.lease, l.value)),
+                    .as_ref()
+                    .map(|l| (l.create_revision, l.version, l.lease, &*l.value)),
             )
             .unwrap();
         }
@@ -520,7 +521,8 @@ mod tests {
                 v.key,
                 v.mod_revision,
                 v.live
-                    .map(|l| (l.create_revision, l.version, l.lease, l.value)),
+                    .as_ref()
+                    .map(|l| (l.create_revision, l.version, l.lease, &*l.value)),
             )
             .unwrap();
         }
@@ -544,7 +546,8 @@ mod tests {
                 v.key,
                 v.mod_revision,
                 v.live
-                    .map(|l| (l.create_revision, l.version, l.lease, l.value)),
+                    .as_ref()
+                    .map(|l| (l.create_revision, l.version, l.lease, &*l.value)),
             )
             .unwrap();
         }
@@ -578,7 +581,8 @@ mod tests {
                 v.key,
                 v.mod_revision,
                 v.live
-                    .map(|l| (l.create_revision, l.version, l.lease, l.value)),
+                    .as_ref()
+                    .map(|l| (l.create_revision, l.version, l.lease, &*l.value)),
             )
             .unwrap();
         }
@@ -613,7 +617,8 @@ mod tests {
                 v.key,
                 v.mod_revision,
                 v.live
-                    .map(|l| (l.create_revision, l.version, l.lease, l.value)),
+                    .as_ref()
+                    .map(|l| (l.create_revision, l.version, l.lease, &*l.value)),
             )
             .unwrap();
         }

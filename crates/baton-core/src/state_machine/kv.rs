@@ -15,7 +15,7 @@ use crate::command::{
     PutRequest, PutResponse, RangeRequest, RangeResponse, RequestOp, Response, ResponseOp,
     SortOrder, SortTarget, TxnRequest, TxnResponse,
 };
-use crate::mvcc::{key_value, visible_at, Live};
+use crate::mvcc::{key_value, prev_key_value, visible_at, Live};
 use crate::types::{Event, EventKind, KeyValue, LeaseId, Revision};
 
 use super::store::{StateMachine, Writes};
@@ -214,7 +214,9 @@ impl StateMachine {
                 continue;
             };
             any = true;
-            if !compare_kv(c, &key_value(key, v.mod_revision, live)) {
+            // The value only for a compare on it (it may be in the value file).
+            let with_value = matches!(c.target, CompareTarget::Value(_));
+            if !compare_kv(c, &prev_key_value(key, v.mod_revision, live, with_value)) {
                 return false;
             }
         }
@@ -379,6 +381,7 @@ impl StateMachine {
 
     pub(super) fn exec_put(&mut self, p: &PutRequest, w: &mut Writes) -> PutResponse {
         let rev = w.rev;
+        let prev_values_in_events = self.prev_values_in_events;
         let (prev, kv) = self.store.put_with(&p.key, rev, |prev| {
             let live = Live {
                 create_revision: prev.map_or(rev, |(_, l)| l.create_revision),
@@ -392,7 +395,8 @@ impl StateMachine {
                     _ => p.value.as_slice().into(),
                 },
             };
-            let prev = prev.map(|(m, l)| key_value(&p.key, m, l));
+            let with_value = p.prev_kv || prev_values_in_events;
+            let prev = prev.map(|(m, l)| prev_key_value(&p.key, m, l, with_value));
             let kv = key_value(&p.key, rev, &live);
             (live, (prev, kv))
         });
@@ -427,12 +431,15 @@ impl StateMachine {
         // One delete-range call however many keys go (etcd reads them first for `prev_kv`).
         w.view.deletes += 1;
         w.view.ranges += u64::from(d.prev_kv);
+        let with_value = d.prev_kv || self.prev_values_in_events;
         let doomed: Vec<KeyValue> = self
             .store
             .range(&d.range)
             .filter_map(|(k, vs)| {
                 let v = vs.last()?;
-                v.live.as_ref().map(|l| key_value(k, v.mod_revision, l))
+                v.live
+                    .as_ref()
+                    .map(|l| prev_key_value(k, v.mod_revision, l, with_value))
             })
             .collect();
         for kv in &doomed {

@@ -383,6 +383,7 @@ impl StateMachine {
             compact_revision: body.compact_revision,
             last_applied: body.last_applied,
             last_time_ms: body.last_time_ms,
+            prev_values_in_events: true,
         };
         // The queue index is derived: rebuilt from the restored key space.
         sm.locks = LockTable::from_records(body.locks, |name| sm.scan_queue(name));
@@ -534,6 +535,7 @@ impl Tables {
             compact_revision: b.compact_revision,
             last_applied: b.last_applied,
             last_time_ms: b.last_time_ms,
+            prev_values_in_events: true,
         };
         sm.locks = LockTable::from_records(b.locks, |name| sm.scan_queue(name));
         sm.check_invariants()?;
@@ -684,7 +686,11 @@ mod tests {
                 prev_kv: false,
             }),
         ));
-        assert!(sm.store.changes().values().any(|c| c.as_slice().len() == 2));
+        assert!(sm
+            .store
+            .changes()
+            .iter()
+            .any(|(_, c)| c.as_slice().len() == 2));
         let keys = sm
             .store
             .keys()

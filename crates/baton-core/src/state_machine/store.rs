@@ -8,6 +8,7 @@
 //! module adds its own `impl StateMachine` block; the fields are `pub(super)` for them.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -18,6 +19,7 @@ use crate::fencing_keys::FencingKeys;
 use crate::locks::{FenceTable, LockTable};
 use crate::mvcc::KeyStore;
 use crate::types::{CommandIndex, Event, LeaseId, Term};
+use crate::value::ValueSpill;
 
 /// A lease as stored. The key set is the reverse index of `Live::lease`, kept so revoking a
 /// lease does not scan the store.
@@ -57,6 +59,11 @@ pub struct StateMachine {
     /// `None` until the first entry, so an entry at index 0 is accepted once.
     pub(super) last_applied: Option<(CommandIndex, Term)>,
     pub(super) last_time_ms: u64,
+    /// Whether the events of applied writes carry the previous value in `prev_kv` (their
+    /// key, revisions and lease always). Local, not replicated: no response and nothing
+    /// persisted depends on it, only what watchers could be handed. See
+    /// [`StateMachine::set_prev_values_in_events`].
+    pub(super) prev_values_in_events: bool,
 }
 
 impl Default for StateMachine {
@@ -122,7 +129,33 @@ impl StateMachine {
             compact_revision: FIRST_REVISION,
             last_applied: None,
             last_time_ms: 0,
+            prev_values_in_events: true,
         }
+    }
+
+    /// Whether the events of the next writes carry previous values (default: yes). A member
+    /// whose watchers asked for no `prev_kv` turns them off before applying an entry: the
+    /// watch hub strips `prev_kv` from every event it hands out then, and reading a
+    /// previous value that went to the value file ([`crate::value`]) costs a read from the
+    /// file on every overwrite. Responses are unaffected (a request's own `prev_kv` is
+    /// always answered with its value).
+    pub fn set_prev_values_in_events(&mut self, on: bool) {
+        self.prev_values_in_events = on;
+    }
+
+    /// Keeps the store's values out of the heap from now on, in `spill` (see
+    /// [`crate::value`]): those already stored move there now, in one walk. Changes nothing
+    /// any read, hash or snapshot shows. A member calls it once on every state it adopts (at
+    /// start, and for an installed snapshot before it replaces the state).
+    pub fn keep_values_in(&mut self, spill: Arc<dyn ValueSpill>) {
+        self.store.attach_spill(spill);
+    }
+
+    /// One short step of moving values out of the spill's segments that are mostly garbage
+    /// (see [`crate::value`]); a no-op without a spill or with nothing to move. Meant to run
+    /// after each applied entry, under the same lock. Returns how many values moved.
+    pub fn evacuate_values(&mut self) -> usize {
+        self.store.evacuate()
     }
 
     /// Verifies the internal invariants (revision order of every key's versions, the change

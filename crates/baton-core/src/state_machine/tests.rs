@@ -105,3 +105,61 @@ fn index_zero_is_accepted_once_at_the_start() {
     assert_eq!(sm.last_applied(), (CommandIndex(1), Term(1)));
     assert_eq!(sm.last_time_ms(), 10);
 }
+
+/// Without watchers that want `prev_kv`, the events of an overwrite and a delete carry the
+/// previous version without its value (reading it may cost a read from the value file);
+/// a request's own `prev_kv` is answered with the value either way, and with the default
+/// the events carry it too.
+#[test]
+fn prev_values_in_events_only_when_asked_for() {
+    use crate::command::DeleteRangeRequest;
+    use crate::types::KeyRange;
+    let mut sm = StateMachine::new();
+    sm.apply(&entry(0, put("k", "one")));
+    let a = sm.apply(&entry(1, put("k", "two")));
+    let prev = a.events[0]
+        .prev_kv
+        .as_ref()
+        .expect("an overwrite has a prev_kv");
+    assert_eq!(prev.value, b"one", "default: with values");
+
+    sm.set_prev_values_in_events(false);
+    let a = sm.apply(&entry(2, put("k", "three")));
+    let prev = a.events[0]
+        .prev_kv
+        .as_ref()
+        .expect("an overwrite has a prev_kv");
+    assert!(prev.value.is_empty());
+    assert_eq!(prev.version, 2);
+    assert_eq!(prev.mod_revision, Revision(3));
+
+    let asked = Command::Put(PutRequest {
+        key: "k".into(),
+        value: "four".into(),
+        prev_kv: true,
+        ..PutRequest::default()
+    });
+    let a = sm.apply(&entry(3, asked));
+    let Response::Put(r) = &a.response else {
+        panic!("{:?}", a.response)
+    };
+    assert_eq!(r.prev_kv.as_ref().unwrap().value, b"three");
+
+    let del = |prev_kv| {
+        Command::DeleteRange(DeleteRangeRequest {
+            range: KeyRange {
+                key: b"k".to_vec(),
+                range_end: Vec::new(),
+            },
+            prev_kv,
+        })
+    };
+    let a = sm.apply(&entry(4, del(false)));
+    assert!(a.events[0].prev_kv.as_ref().unwrap().value.is_empty());
+    sm.apply(&entry(5, put("k", "five")));
+    let a = sm.apply(&entry(6, del(true)));
+    let Response::DeleteRange(r) = &a.response else {
+        panic!("{:?}", a.response)
+    };
+    assert_eq!(r.prev_kvs[0].value, b"five");
+}

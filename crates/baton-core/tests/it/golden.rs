@@ -1028,7 +1028,8 @@ fn tables_snapshot_is_pinned() {
             v.key,
             v.mod_revision,
             v.live
-                .map(|l| (l.create_revision, l.version, l.lease, l.value)),
+                .as_ref()
+                .map(|l| (l.create_revision, l.version, l.lease, &*l.value)),
         )
         .expect("imports");
     }

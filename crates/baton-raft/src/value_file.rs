@@ -1,0 +1,433 @@
+//! The member's value file: where the key store keeps values out of the heap
+//! ([`baton_core::value`]), so a member's memory grows with its keys and not with their
+//! values, as etcd's does with bbolt's memory-mapped file.
+//!
+//! Scratch, never a source of truth: each segment is an unnamed file in the data directory
+//! (`O_TMPFILE`, through `tempfile`), gone when the process exits or the last handle to it is
+//! dropped, and never read after a restart (the store is rebuilt from the snapshot and the
+//! log, and its values spilled again). So it needs no fsync, no format version and no
+//! recovery; what it needs is to hand back exactly what was stored:
+//! - every value is a record `[len: u32][crc32: u32][bytes]` (little endian), and a read
+//!   checks both; a read that fails or does not check stops the process (`abort`) with the
+//!   reason in the log: handing back other bytes would be a wrong answer, and the member's
+//!   data is intact in its log and snapshot for the restart;
+//! - records are appended into a buffer of [`FLUSH_AT`] bytes that is written with one
+//!   `pwrite` when full (values just written, the ones watchers and readers ask for, are
+//!   read from it); the page cache does the rest. If a write fails (a full disk) the buffer
+//!   keeps the records and the write is retried once the buffer has doubled (a sealed
+//!   segment keeps them in memory until it is gone): memory grows, nothing is lost, and a
+//!   warning says so.
+//! - a segment is sealed at [`SEGMENT_BYTES`] and a new one started. A sealed segment whose
+//!   values the store refers to less than half of is marked for evacuation; the store moves
+//!   those values to the current segment a few per applied entry, and the sealed file goes
+//!   away with the last handle (snapshot copies being written hold theirs until they finish).
+//!   So the files hold at most about twice the live values plus one segment.
+//!
+//! Values are read with `pread`, not mapped: a read never faults on a file some other
+//! process truncated, and pages of the file are the kernel's to keep or drop (they are not
+//! counted in the member's RSS, as a mapping's touched pages would be).
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+
+use baton_core::value::{Segment, SegmentRead, ValueSpill, MAX_SEGMENT_OFFSET};
+use parking_lot::Mutex;
+
+use crate::space::RateLimit;
+
+/// A segment is sealed once it reaches this size (a multiple of the flush size is not
+/// needed: a segment ends after the record that crosses it).
+pub(crate) const SEGMENT_BYTES: u64 = 64 << 20;
+
+/// Records are buffered up to this many bytes, then written with one `pwrite`.
+pub(crate) const FLUSH_AT: usize = 256 << 10;
+
+/// Bytes before a record's value: its length and the CRC-32 of the value.
+const HEADER: usize = 8;
+
+const _: () = assert!(SEGMENT_BYTES + (16 << 20) < MAX_SEGMENT_OFFSET);
+
+/// The spill a member hands its state machine. See the module docs.
+pub(crate) struct ValueFile {
+    dir: PathBuf,
+    state: Mutex<FileState>,
+    /// Warnings for failed writes and segment creations, at most one per interval.
+    warn: RateLimit,
+}
+
+struct FileState {
+    current: Option<Current>,
+    sealed: Vec<Sealed>,
+    next_id: u64,
+}
+
+struct Current {
+    segment: Arc<Segment>,
+    file: Arc<SegmentFile>,
+}
+
+struct Sealed {
+    segment: Weak<Segment>,
+    bytes: u64,
+}
+
+impl ValueFile {
+    /// Segments are created in `dir` (the data directory: same file system, same space
+    /// accounting), the first one at the first value.
+    pub(crate) fn new(dir: &Path) -> ValueFile {
+        ValueFile {
+            dir: dir.to_path_buf(),
+            state: Mutex::new(FileState {
+                current: None,
+                sealed: Vec::new(),
+                next_id: 0,
+            }),
+            warn: RateLimit::default(),
+        }
+    }
+
+    /// Bytes in the segment files still alive (written or buffered), for tests and status.
+    pub(crate) fn bytes(&self) -> u64 {
+        let st = self.state.lock();
+        let sealed: u64 = st
+            .sealed
+            .iter()
+            .filter(|s| s.segment.strong_count() > 0)
+            .map(|s| s.bytes)
+            .sum();
+        sealed + st.current.as_ref().map_or(0, |c| c.file.end())
+    }
+
+    fn open_segment(&self, st: &mut FileState) -> io::Result<Current> {
+        let file = tempfile::tempfile_in(&self.dir)?;
+        let id = st.next_id;
+        st.next_id += 1;
+        let file = Arc::new(SegmentFile {
+            id,
+            file,
+            pending: Mutex::new(Pending {
+                bytes: Vec::with_capacity(FLUSH_AT + HEADER),
+                flushed: 0,
+                flush_at: FLUSH_AT,
+            }),
+        });
+        let segment = Arc::new(Segment::new(Box::new(Reader(file.clone()))));
+        Ok(Current { segment, file })
+    }
+}
+
+impl std::fmt::Debug for ValueFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ValueFile").field("dir", &self.dir).finish()
+    }
+}
+
+impl ValueSpill for ValueFile {
+    fn store(&self, value: &[u8]) -> Option<(Arc<Segment>, u64)> {
+        let mut st = self.state.lock();
+        if st
+            .current
+            .as_ref()
+            .is_some_and(|c| c.file.end() >= SEGMENT_BYTES)
+        {
+            self.seal_current(&mut st);
+        }
+        if st.current.is_none() {
+            match self.open_segment(&mut st) {
+                Ok(cur) => st.current = Some(cur),
+                Err(e) => {
+                    if self.warn.allow() {
+                        tracing::warn!(dir = %self.dir.display(), error = %e, "cannot create a value file; values stay in memory meanwhile");
+                    }
+                    return None;
+                }
+            }
+        }
+        let cur = st.current.as_ref().expect("opened above");
+        if let Err(e) = cur.file.append(value) {
+            self.warn_write(&e);
+        }
+        let offset = cur.file.end() - (HEADER + value.len()) as u64;
+        Some((cur.segment.clone(), offset))
+    }
+
+    fn start_segment(&self) {
+        let mut st = self.state.lock();
+        self.seal_current(&mut st);
+    }
+
+    fn evacuation_pending(&self) -> bool {
+        let st = self.state.lock();
+        let mut pending = false;
+        for sealed in &st.sealed {
+            let Some(segment) = sealed.segment.upgrade() else {
+                continue;
+            };
+            let referenced = segment.referenced_bytes();
+            if referenced.saturating_mul(2) < sealed.bytes {
+                segment.mark_for_evacuation();
+            }
+            pending |= segment.marked_for_evacuation() && referenced > 0;
+        }
+        pending
+    }
+}
+
+impl ValueFile {
+    /// Writes the current segment out and keeps it only as long as handles to it live;
+    /// the next value starts a new one.
+    fn seal_current(&self, st: &mut FileState) {
+        let Some(cur) = st.current.take() else {
+            return;
+        };
+        if let Err(e) = cur.file.seal() {
+            self.warn_write(&e);
+        }
+        st.sealed.retain(|s| s.segment.strong_count() > 0);
+        st.sealed.push(Sealed {
+            segment: Arc::downgrade(&cur.segment),
+            bytes: cur.file.end(),
+        });
+    }
+
+    fn warn_write(&self, e: &io::Error) {
+        if self.warn.allow() {
+            tracing::warn!(dir = %self.dir.display(), error = %e, "cannot write the value file; its records stay in memory until a later write succeeds");
+        }
+    }
+}
+
+/// One segment's file and the records not yet written to it.
+struct SegmentFile {
+    id: u64,
+    file: File,
+    pending: Mutex<Pending>,
+}
+
+struct Pending {
+    /// Records after `flushed`, in order.
+    bytes: Vec<u8>,
+    /// Bytes of the file written so far: every record below this offset is in the file.
+    flushed: u64,
+    /// The buffer is written out once it holds this many bytes: [`FLUSH_AT`], or twice
+    /// what it held when a write failed (retrying the whole buffer at every append would
+    /// cost a write of a growing buffer per value while the disk stays full).
+    flush_at: usize,
+}
+
+impl SegmentFile {
+    /// The offset the next record will get.
+    fn end(&self) -> u64 {
+        let p = self.pending.lock();
+        p.flushed + p.bytes.len() as u64
+    }
+
+    /// Appends one record to the buffer, writing the buffer out when it is full. The record
+    /// is stored either way (the error only says the write is deferred).
+    fn append(&self, value: &[u8]) -> io::Result<()> {
+        let mut p = self.pending.lock();
+        let len = u32::try_from(value.len()).expect("spilled values are shorter than 16 MiB");
+        p.bytes.extend_from_slice(&len.to_le_bytes());
+        p.bytes
+            .extend_from_slice(&crc32fast::hash(value).to_le_bytes());
+        p.bytes.extend_from_slice(value);
+        if p.bytes.len() >= p.flush_at {
+            self.write_out(&mut p)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the buffer out and gives its memory back: no record is appended any more.
+    fn seal(&self) -> io::Result<()> {
+        let mut p = self.pending.lock();
+        self.write_out(&mut p)?;
+        p.bytes = Vec::new();
+        Ok(())
+    }
+
+    fn write_out(&self, p: &mut Pending) -> io::Result<()> {
+        if p.bytes.is_empty() {
+            return Ok(());
+        }
+        if let Err(e) = self.file.write_all_at(&p.bytes, p.flushed) {
+            p.flush_at = p.bytes.len().saturating_mul(2);
+            return Err(e);
+        }
+        p.flush_at = FLUSH_AT;
+        p.flushed += p.bytes.len() as u64;
+        p.bytes.clear();
+        // A buffer that grew while writes failed goes back to its usual size.
+        if p.bytes.capacity() > 4 * FLUSH_AT {
+            p.bytes.shrink_to(FLUSH_AT + HEADER);
+        }
+        Ok(())
+    }
+
+    /// The record at `offset`, checked against `len` and its CRC.
+    fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>, String> {
+        let mut record = vec![0u8; HEADER + len];
+        let in_buffer = {
+            let p = self.pending.lock();
+            if offset >= p.flushed {
+                let start = usize::try_from(offset - p.flushed).map_err(|e| e.to_string())?;
+                let src = p
+                    .bytes
+                    .get(start..start + record.len())
+                    .ok_or_else(|| format!("offset {offset} is past the segment's end"))?;
+                record.copy_from_slice(src);
+                true
+            } else {
+                false
+            }
+        };
+        if !in_buffer {
+            // Records below `flushed` are in the file and never change.
+            self.file
+                .read_exact_at(&mut record, offset)
+                .map_err(|e| format!("reading {} bytes at {offset}: {e}", record.len()))?;
+        }
+        let stored_len = u32::from_le_bytes(record[0..4].try_into().expect("4 bytes"));
+        let crc = u32::from_le_bytes(record[4..8].try_into().expect("4 bytes"));
+        if stored_len as usize != len {
+            return Err(format!(
+                "record at {offset} holds {stored_len} bytes, the store expects {len}"
+            ));
+        }
+        let value = record.split_off(HEADER);
+        if crc32fast::hash(&value) != crc {
+            return Err(format!("record at {offset} fails its checksum"));
+        }
+        Ok(value)
+    }
+}
+
+/// What the core's [`Segment`] reads through.
+struct Reader(Arc<SegmentFile>);
+
+impl std::fmt::Debug for Reader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "value file segment {}", self.0.id)
+    }
+}
+
+impl SegmentRead for Reader {
+    fn read(&self, offset: u64, len: usize) -> Vec<u8> {
+        match self.0.read(offset, len) {
+            Ok(value) => value,
+            Err(reason) => {
+                // Not a panic: one caught by the runtime would fail one request and leave a
+                // member that cannot read part of its store serving.
+                tracing::error!(segment = self.0.id, %reason, "a value read back from the value file is not the value stored; stopping (the data is intact in the log and snapshot: a restart rebuilds the file)");
+                eprintln!(
+                    "baton: value file segment {}: {reason}; stopping",
+                    self.0.id
+                );
+                std::process::abort();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value(i: u32, len: usize) -> Vec<u8> {
+        (0..len).map(|j| (i as usize * 31 + j) as u8).collect()
+    }
+
+    #[test]
+    fn values_read_back_from_the_buffer_and_from_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = ValueFile::new(dir.path());
+        let mut handles = Vec::new();
+        // Enough to flush the buffer several times.
+        for i in 0..4000u32 {
+            let v = value(i, 64 + (i as usize % 300));
+            let (seg, off) = file.store(&v).unwrap();
+            handles.push((seg, off, v));
+        }
+        for (seg, off, v) in &handles {
+            assert_eq!(&seg.read(*off, v.len()), v);
+        }
+        assert!(
+            handles
+                .iter()
+                .all(|(seg, _, _)| Arc::ptr_eq(seg, &handles[0].0)),
+            "one segment"
+        );
+        let flushed = file
+            .state
+            .lock()
+            .current
+            .as_ref()
+            .unwrap()
+            .file
+            .pending
+            .lock()
+            .flushed;
+        assert!(flushed > 0, "the buffer was written out");
+        assert_eq!(
+            file.bytes(),
+            handles
+                .iter()
+                .map(|(_, _, v)| (HEADER + v.len()) as u64)
+                .sum::<u64>()
+        );
+    }
+
+    #[test]
+    fn a_damaged_record_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = ValueFile::new(dir.path());
+        let v = value(1, 100);
+        let (_, off) = file.store(&v).unwrap();
+        let seg = file.state.lock().current.as_ref().unwrap().file.clone();
+        seg.seal().unwrap();
+        seg.file
+            .write_all_at(&[0xff], off + HEADER as u64 + 10)
+            .unwrap();
+        let err = seg.read(off, v.len()).unwrap_err();
+        assert!(err.contains("checksum"), "{err}");
+        let err = seg.read(off, v.len() - 1).unwrap_err();
+        assert!(err.contains("holds 100 bytes"), "{err}");
+    }
+
+    #[test]
+    fn full_segments_are_sealed_and_mostly_garbage_ones_marked() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = ValueFile::new(dir.path());
+        let v = vec![7u8; 1 << 20];
+        let mut kept = Vec::new();
+        let mut dropped = Vec::new();
+        for i in 0..70 {
+            let (seg, off) = file.store(&v).unwrap();
+            if i % 4 == 0 {
+                kept.push((seg, off));
+            } else {
+                dropped.push((seg, off));
+            }
+        }
+        assert_eq!(
+            file.state.lock().sealed.len(),
+            1,
+            "one segment sealed at 64 MiB"
+        );
+        // The store refers to none of them (nothing entered a store): the sealed one is
+        // marked, and with nothing referenced, nothing is pending.
+        assert!(!file.evacuation_pending());
+        let sealed = file.state.lock().sealed[0].segment.upgrade().unwrap();
+        assert!(sealed.marked_for_evacuation());
+        drop(sealed);
+        drop(dropped);
+        drop(kept);
+        assert_eq!(
+            file.bytes(),
+            file.state.lock().current.as_ref().unwrap().file.end(),
+            "the sealed segment is gone with its handles"
+        );
+    }
+}
