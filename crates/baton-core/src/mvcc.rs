@@ -252,8 +252,13 @@ impl KeyStore {
                 moved += usize::from(live.value.evacuate(spill.as_ref()));
             }
         }
-        // Past the last key: the next step starts a new pass from the first.
-        self.evacuation_cursor = if visited == 0 { None } else { last };
+        if visited == 0 {
+            // Past the last key: the pass is over, the next step starts one from the first.
+            spill.evacuation_pass_done();
+            self.evacuation_cursor = None;
+        } else {
+            self.evacuation_cursor = last;
+        }
         moved
     }
 

@@ -123,6 +123,12 @@ pub trait ValueSpill: Send + Sync + fmt::Debug {
     /// Whether some segment marked for evacuation still holds values of the store: while it
     /// does, the store walks its keys and moves them.
     fn evacuation_pending(&self) -> bool;
+
+    /// The store's walk reached its last key: every value that was in a segment marked
+    /// before the walk began has moved. A segment that still counts referenced bytes after
+    /// that counts wrong (a store that was replaced while an install failed left its counts
+    /// behind) and must stop the walks, which would otherwise go on forever.
+    fn evacuation_pass_done(&self);
 }
 
 /// The bytes of a version's value. See the module docs.
@@ -339,6 +345,8 @@ pub(crate) mod tests {
                 st.sealed.push((Arc::downgrade(&seg), len));
             }
         }
+
+        fn evacuation_pass_done(&self) {}
 
         fn evacuation_pending(&self) -> bool {
             let st = self.state.lock().unwrap();

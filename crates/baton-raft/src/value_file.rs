@@ -62,6 +62,8 @@ struct FileState {
     current: Option<Current>,
     sealed: Vec<Sealed>,
     next_id: u64,
+    /// Walks of the store that reached its last key (`evacuation_pass_done`).
+    passes: u64,
 }
 
 struct Current {
@@ -72,6 +74,12 @@ struct Current {
 struct Sealed {
     segment: Weak<Segment>,
     bytes: u64,
+    /// `passes` when this segment was marked for evacuation.
+    marked_at_pass: Option<u64>,
+    /// Still counted as referenced after a whole pass since it was marked: the count is
+    /// wrong (see `ValueSpill::evacuation_pass_done`), so it no longer keeps walks going.
+    /// The file still goes away with the last handle.
+    settled: bool,
 }
 
 impl ValueFile {
@@ -84,6 +92,7 @@ impl ValueFile {
                 current: None,
                 sealed: Vec::new(),
                 next_id: 0,
+                passes: 0,
             }),
             warn: RateLimit::default(),
         }
@@ -160,19 +169,39 @@ impl ValueSpill for ValueFile {
     }
 
     fn evacuation_pending(&self) -> bool {
-        let st = self.state.lock();
+        let mut st = self.state.lock();
+        let passes = st.passes;
         let mut pending = false;
-        for sealed in &st.sealed {
+        for sealed in st.sealed.iter_mut().filter(|s| !s.settled) {
             let Some(segment) = sealed.segment.upgrade() else {
                 continue;
             };
             let referenced = segment.referenced_bytes();
-            if referenced.saturating_mul(2) < sealed.bytes {
+            if sealed.marked_at_pass.is_none() && referenced.saturating_mul(2) < sealed.bytes {
                 segment.mark_for_evacuation();
+                sealed.marked_at_pass = Some(passes);
             }
-            pending |= segment.marked_for_evacuation() && referenced > 0;
+            pending |= sealed.marked_at_pass.is_some() && referenced > 0;
         }
         pending
+    }
+
+    fn evacuation_pass_done(&self) {
+        let mut st = self.state.lock();
+        let passes = st.passes;
+        for sealed in &mut st.sealed {
+            // Marked before this pass began: the pass has moved all of its values.
+            let before = sealed.marked_at_pass.is_some_and(|p| p < passes);
+            let referenced = sealed.segment.upgrade().map_or(0, |s| s.referenced_bytes());
+            if before && referenced > 0 && !sealed.settled {
+                sealed.settled = true;
+                tracing::debug!(
+                    referenced,
+                    "a value file segment still counts referenced bytes after a whole                      evacuation pass; no longer walked for"
+                );
+            }
+        }
+        st.passes += 1;
     }
 }
 
@@ -190,6 +219,8 @@ impl ValueFile {
         st.sealed.push(Sealed {
             segment: Arc::downgrade(&cur.segment),
             bytes: cur.file.end(),
+            marked_at_pass: None,
+            settled: false,
         });
     }
 
