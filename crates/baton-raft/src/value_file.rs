@@ -197,7 +197,7 @@ impl ValueSpill for ValueFile {
                 sealed.settled = true;
                 tracing::debug!(
                     referenced,
-                    "a value file segment still counts referenced bytes after a whole                      evacuation pass; no longer walked for"
+                    "a value file segment still counts referenced bytes after a whole evacuation pass; no longer walked for"
                 );
             }
         }
