@@ -142,6 +142,10 @@ pub(crate) enum Value {
     },
 }
 
+/// A heap value (`Box<[u8]>`) and a spilled one's handle are 16 bytes each; with the tag the
+/// value is 24, as every version pays it. Growing it would cost every version in the store.
+const _: () = assert!(std::mem::size_of::<Value>() == 24);
+
 impl Value {
     pub(crate) fn len(&self) -> usize {
         match self {
