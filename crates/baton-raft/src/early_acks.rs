@@ -141,6 +141,20 @@ impl EarlyAcks {
         news
     }
 
+    /// Gives back the claim `commit_news` made for `committed`, if no later one replaced it:
+    /// the notice carrying it was not taken, so the next one must go.
+    pub(crate) fn commit_not_taken(&self, target: u64, vote: &Vote, committed: Option<LogId>) {
+        let Some(tx) = self.targets.lock().get(&target).cloned() else {
+            return;
+        };
+        tx.send_if_modified(|p| {
+            if p.vote.as_ref() == Some(vote) && p.committed_sent == committed {
+                p.committed_sent = None;
+            }
+            false
+        });
+    }
+
     /// Counts one of openraft's requests answered from an early answer.
     pub(crate) fn stood_in(&self) {
         self.stood_in.fetch_add(1, Ordering::Relaxed);
@@ -361,6 +375,25 @@ mod tests {
         assert!(acks.commit_news(2, &vote(3), Some(log_id(3, 10))));
         // Another vote than the early requests': always sent.
         assert!(acks.commit_news(2, &vote(4), Some(log_id(3, 10))));
+    }
+
+    #[test]
+    fn a_notice_not_taken_gives_its_claim_back() {
+        let acks = EarlyAcks::default();
+        drop(acks.sent(2, vote(3), log_id(3, 10), None));
+        assert!(acks.commit_news(2, &vote(3), Some(log_id(3, 9))));
+        assert!(acks.commit_news(2, &vote(3), Some(log_id(3, 10))));
+        // The earlier notice's refusal does not undo the later claim.
+        acks.commit_not_taken(2, &vote(3), Some(log_id(3, 9)));
+        assert!(
+            !acks.commit_news(2, &vote(3), Some(log_id(3, 10))),
+            "still claimed"
+        );
+        acks.commit_not_taken(2, &vote(3), Some(log_id(3, 10)));
+        assert!(
+            acks.commit_news(2, &vote(3), Some(log_id(3, 10))),
+            "given back: the next notice goes"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -8,6 +8,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 use baton_core::Command;
+use openraft::raft::AppendEntriesRequest;
+use openraft::{CommittedLeaderId, LogId};
 use tokio::time::Instant;
 
 use crate::answer::{ProposeError, Proposed};
@@ -19,6 +21,7 @@ use crate::lease_duty::LeaseDuty;
 use crate::limits::REQUEST_TIMEOUT;
 use crate::membership::change::MemberError;
 use crate::membership::Members;
+use crate::network::Peers;
 use crate::publish::publish_local;
 use crate::read_index::ReadIndex;
 use crate::replica::Replica;
@@ -29,6 +32,8 @@ pub(crate) struct LeaderService {
     pub(crate) reads: Arc<ReadIndex>,
     pub(crate) leases: Arc<LeaseDuty>,
     pub(crate) members: Arc<Members>,
+    /// For the commit notice that follows a forwarded batch (`notify_commit`).
+    pub(crate) peers: Arc<Peers>,
 }
 
 /// Serves `call` with `serve` and wraps the outcome as `C`'s response (or `Failed`).
@@ -45,6 +50,53 @@ where
 }
 
 impl LeaderService {
+    /// Tells `follower` that the entry of term `term` at `index`, which this leader has
+    /// applied, is committed — before the answer to the forwarded batch that holds it goes.
+    ///
+    /// Why: the follower answers its client only once it has applied that entry itself
+    /// (read-your-writes on the member written through), and it learns the entry is
+    /// committed from a commit notice. openraft's own notice to it waits for that
+    /// follower's early answer (`PeerClient::append_entries`), and so for its fsync, though
+    /// the entry was committed by the leader and the other follower; measured through a
+    /// follower (put, 1 client), the notice reached it ~80 µs after the batch's answer.
+    /// Sent only if news to it, like openraft's; one it cannot take yet (its log does not
+    /// hold the entry) is given back and openraft's goes as before.
+    pub(crate) fn notify_commit(&self, follower: u64, term: u64, index: u64) {
+        let me = self.replica.member_id;
+        let (vote, node) = {
+            let m = self.replica.raft.metrics();
+            let m = m.borrow();
+            let node = m
+                .membership_config
+                .membership()
+                .get_node(&follower)
+                .cloned();
+            (m.vote, node)
+        };
+        let leader = vote.leader_id();
+        if !vote.is_committed() || leader.voted_for() != Some(me) || leader.term != term {
+            return;
+        }
+        let Some(node) = node else {
+            return;
+        };
+        let committed = Some(LogId::new(CommittedLeaderId::new(term, me), index));
+        if !self
+            .peers
+            .early_acks
+            .commit_news(follower, &vote, committed)
+        {
+            return;
+        }
+        let notice = AppendEntriesRequest {
+            vote,
+            prev_log_id: committed,
+            entries: Vec::new(),
+            leader_commit: committed,
+        };
+        self.peers.clone().notify_commit(follower, node, notice);
+    }
+
     /// Serves one request forwarded by a follower.
     pub(crate) async fn serve(&self, req: LeaderRequest) -> LeaderResponse {
         match req {

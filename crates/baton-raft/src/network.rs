@@ -623,20 +623,31 @@ impl PeerClient {
 }
 
 impl PeerClient {
-    /// Sends a commit notice (an AppendEntries without entries that the follower answers
-    /// without a disk write) and forgets it: if it is lost, openraft's next request or
-    /// heartbeat carries the committed id again.
     fn notify_commit(&self, notice: AppendEntriesRequest<TypeConfig>) {
-        let verdict = self
-            .peers
-            .verdicts
-            .issue(&notice.vote, notice.leader_commit);
+        self.peers
+            .clone()
+            .notify_commit(self.target, self.node.clone(), notice);
+    }
+}
+
+impl Peers {
+    /// Sends `target` a commit notice (an AppendEntries without entries that the follower
+    /// answers without a disk write) and forgets it: if it is lost, openraft's next request
+    /// or heartbeat carries the committed id again. The caller has claimed the committed id
+    /// as sent (`EarlyAcks::commit_news`); a notice the follower did not take (its log does
+    /// not hold `prev_log_id` yet) gives the claim back, so the next notice goes.
+    pub(crate) fn notify_commit(
+        self: Arc<Self>,
+        target: u64,
+        node: Member,
+        notice: AppendEntriesRequest<TypeConfig>,
+    ) {
+        let verdict = self.verdicts.issue(&notice.vote, notice.leader_commit);
         let Ok(payload) = wire::encode(&notice) else {
             return;
         };
-        let (peers, target, node) = (self.peers.clone(), self.target, self.node.clone());
         tokio::spawn(async move {
-            let res = peers
+            let res = self
                 .call_with_verdict(
                     target,
                     &node,
@@ -646,7 +657,21 @@ impl PeerClient {
                     COMMIT_NOTICE_TIMEOUT,
                 )
                 .await;
-            let outcome = if res.is_ok() { "sent" } else { "failed" };
+            let taken = res.as_ref().is_ok_and(|bytes| {
+                matches!(
+                    wire::decode::<Result<AppendEntriesResponse<u64>, RaftError<u64>>>(bytes),
+                    Ok(Ok(AppendEntriesResponse::Success))
+                )
+            });
+            if !taken {
+                self.early_acks
+                    .commit_not_taken(target, &notice.vote, notice.leader_commit);
+            }
+            let outcome = match (&res, taken) {
+                (Err(_), _) => "failed",
+                (Ok(_), true) => "sent",
+                (Ok(_), false) => "refused",
+            };
             metrics::counter!("baton_raft_commit_notices_total", "outcome" => outcome).increment(1);
         });
     }

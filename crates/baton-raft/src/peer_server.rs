@@ -392,6 +392,11 @@ impl RaftService for PeerService {
         let req: LeaderRequest = decode(&payload)?;
         check_forwarded(from, &req).map_err(Refusal::into_status)?;
         let resp = handlers.leader.serve(req).await;
+        if let LeaderResponse::Proposed(p) = &resp {
+            handlers
+                .leader
+                .notify_commit(from, p.raft_term, p.raft_index);
+        }
         self.reply(from, &resp)
     }
 
@@ -408,6 +413,16 @@ impl RaftService for PeerService {
             check_forwarded(from, req).map_err(Refusal::into_status)?;
         }
         let resps = handlers.leader.serve_batch(reqs).await;
+        let last_entry = resps
+            .iter()
+            .filter_map(|r| match r {
+                LeaderResponse::Proposed(p) => Some((p.raft_term, p.raft_index)),
+                _ => None,
+            })
+            .max_by_key(|&(_, index)| index);
+        if let Some((term, index)) = last_entry {
+            handlers.leader.notify_commit(from, term, index);
+        }
         // Each answer on its own, so one too large for a peer message fails alone (as it
         // would in a `Forward` of its own) instead of taking the batch's answers with it. The
         // last MiB is left for such refusals (a batch has at most 1024 items).

@@ -8,6 +8,10 @@
 //! load a batch is one command and costs what it did before; under load the batch grows with
 //! the queue and the fsync rate stays flat (classic group commit).
 //!
+//! One batch is in flight at a time: the task awaits each batch's outcome and hands the
+//! results out before it takes the next. One maximizes batching; Raft processes entries one at
+//! a time anyway.
+//!
 //! The same task is also the only place that stamps time, so stamps enter the log in order and
 //! `Entry::time_ms` never goes backwards.
 
@@ -18,7 +22,7 @@ use std::time::Duration;
 
 use baton_core::Command;
 use openraft::error::ClientWriteError;
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::answer::{fatal_error, leader_error, InternalError, ProposeError, Proposed};
 use crate::env::WallClock;
@@ -34,9 +38,6 @@ pub(crate) const MAX_BATCH_BYTES: usize = 4 << 20;
 /// client flood must cost the clients, not the server's memory.
 const MAX_QUEUED_COMMANDS: usize = 100_000;
 const MAX_QUEUED_BYTES: usize = 256 << 20;
-/// Batches submitted but not yet applied. One maximizes batching; Raft processes entries one
-/// at a time anyway.
-const MAX_BATCHES_IN_FLIGHT: usize = 1;
 
 struct Pending {
     command: Command,
@@ -208,7 +209,6 @@ async fn run(
     timeout: Duration,
     clock: Arc<dyn WallClock>,
 ) {
-    let in_flight = Arc::new(Semaphore::new(MAX_BATCHES_IN_FLIGHT));
     let mut last_stamp_ms = shared.state.read().sm.last_time_ms();
     // Taken from the channel but not yet into a batch (the rest of a `Many` that did not
     // fit, or a proposal that did not); still counted in `queued`.
@@ -218,11 +218,6 @@ async fn run(
         Submitted::Many(ps) => backlog.extend(ps),
     };
     loop {
-        let permit = in_flight
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("semaphore never closed");
         if backlog.is_empty() {
             match rx.recv().await {
                 Some(s) => push(&mut backlog, s),
@@ -264,15 +259,22 @@ async fn run(
                     let _ = w.send(Err(e.clone()));
                 }
             }
-            Ok(resp) => {
-                tokio::spawn(deliver(
-                    resp,
-                    waiters,
-                    permit,
-                    shutting_down.clone(),
-                    timeout,
-                ));
-            }
+            // The batch in flight (one at a time, see the module doc) is awaited here, in
+            // this task. A task of its own per batch cost a spawn and two more task switches on
+            // every lone client's put, for nothing: this task had to wait for it anyway.
+            Ok(mut outcome) => match tokio::time::timeout(timeout, &mut outcome).await {
+                Ok(res) => deliver(res, waiters, &shutting_down),
+                // Stuck past `timeout`: it no longer holds the road (the callers' own
+                // timeouts have answered them by now); its results are still delivered if
+                // they come.
+                Err(_) => {
+                    let shutting_down = shutting_down.clone();
+                    tokio::spawn(async move {
+                        let res = outcome.await;
+                        deliver(res, waiters, &shutting_down);
+                    });
+                }
+            },
         }
     }
 }
@@ -280,23 +282,14 @@ async fn run(
 type ResponseRx = openraft::raft::responder::OneshotResponder<crate::types::TypeConfig>;
 type ResponseReceiver =
     <ResponseRx as openraft::raft::responder::Responder<crate::types::TypeConfig>>::Receiver;
+type Outcome = <ResponseReceiver as std::future::Future>::Output;
 
-/// Waits for a batch's outcome and hands each proposer its own result. The in-flight slot is
-/// released when the batch is applied, or after `timeout` so one stuck batch cannot block all
-/// later proposals (its results are still delivered if they come).
-async fn deliver(
-    mut rx: ResponseReceiver,
+/// Hands each proposer of a batch its own result.
+fn deliver(
+    res: Outcome,
     waiters: Vec<oneshot::Sender<Result<Proposed, ProposeError>>>,
-    permit: OwnedSemaphorePermit,
-    shutting_down: Arc<AtomicBool>,
-    timeout: Duration,
+    shutting_down: &AtomicBool,
 ) {
-    let first = tokio::time::timeout(timeout, &mut rx).await;
-    drop(permit);
-    let res = match first {
-        Ok(r) => r,
-        Err(_) => rx.await,
-    };
     let fail = |waiters: Vec<oneshot::Sender<_>>, e: ProposeError| {
         for w in waiters {
             let _ = w.send(Err(e.clone()));

@@ -533,6 +533,7 @@ fn assemble(
             reads: reads.clone(),
             leases: leases.clone(),
             members: members.clone(),
+            peers: router.peers().clone(),
         },
         members: members.clone(),
         elector,

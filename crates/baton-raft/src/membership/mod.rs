@@ -437,20 +437,21 @@ pub(crate) async fn observe_adds_loop(members: Weak<Members>) {
 /// is applied (having contained it before: a joiner catching up applies older
 /// configurations first), it was removed. Weak for the same reason as `ticker::run`.
 pub(crate) async fn removal_loop(router: Weak<Router>) {
-    let (mut metrics, peers, me) = {
+    let (mut metrics, mut membership_changes, peers, me) = {
         let Some(router) = router.upgrade() else {
             return;
         };
         let replica = router.replica();
         (
             replica.raft.metrics(),
+            replica.raft.server_metrics(),
             router.peers().clone(),
             replica.member_id,
         )
     };
     let mut was_member = false;
     loop {
-        {
+        let removal_pending = {
             let m = metrics.borrow_and_update();
             let stored = &m.membership_config;
             let contains = stored.membership().get_node(&me).is_some();
@@ -463,8 +464,17 @@ pub(crate) async fn removal_loop(router: Weak<Router>) {
                 }
                 return;
             }
-        }
-        if metrics.changed().await.is_err() {
+            was_member && !contains
+        };
+        // openraft's full metrics change with every write; its server metrics only with the
+        // membership (and vote, role, leader). Only a removal waiting for its apply needs the
+        // former — otherwise this task would be woken on every request.
+        let changed = if removal_pending {
+            metrics.changed().await
+        } else {
+            membership_changes.changed().await
+        };
+        if changed.is_err() {
             return;
         }
     }
