@@ -27,8 +27,10 @@ use crate::watch_create::WatchCreateLoad;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Item {
-    /// put, 1 client / 1 connection.
+    /// put, 1 client / 1 connection (in 3 members: through the leader).
     Put1,
+    /// 3 members: put, 1 client / 1 connection through a follower (which forwards it).
+    Put1Follower,
     /// put, 100 clients / 10 connections.
     Put100,
     /// txn-put, 100 clients / 10 connections.
@@ -56,8 +58,9 @@ pub enum Item {
 }
 
 impl Item {
-    pub const ALL: [Item; 13] = [
+    pub const ALL: [Item; 14] = [
         Item::Put1,
+        Item::Put1Follower,
         Item::Put100,
         Item::TxnPut100,
         Item::RangeL100,
@@ -94,7 +97,7 @@ impl Item {
             })
         };
         Some(match self {
-            Item::Put1 => kv(KvOp::Put, 1, 1),
+            Item::Put1 | Item::Put1Follower => kv(KvOp::Put, 1, 1),
             Item::Put100 => kv(KvOp::Put, c.clients, c.conns),
             Item::TxnPut100 => kv(KvOp::TxnPut, c.clients, c.conns),
             Item::RangeL100 => kv(
@@ -139,7 +142,7 @@ impl Item {
         let spec = self.spec(c);
         let label = spec.as_ref().map(Spec::label).unwrap_or_default();
         let (unit, lower, target) = match self {
-            Item::Put1 => ("ops/s", false, Some(Target::RatioAtLeast(1.5))),
+            Item::Put1 | Item::Put1Follower => ("ops/s", false, Some(Target::RatioAtLeast(1.5))),
             Item::Put100 => (
                 "ops/s",
                 false,
@@ -161,6 +164,8 @@ impl Item {
         let label = match self {
             Item::LeaseKeepalive => format!("{label}: leader CPU"),
             Item::WatchLatency => format!("{label}: write sent → event, p50"),
+            Item::Put1 if topology == Topology::Cluster => format!("{label}, via the leader"),
+            Item::Put1Follower => format!("{label}, via a follower"),
             _ => label,
         };
         RowSpec {
@@ -175,7 +180,7 @@ impl Item {
     fn runs_in(self, topology: Topology) -> bool {
         match self {
             Item::Rss => topology == Topology::Single,
-            Item::Failover => topology == Topology::Cluster,
+            Item::Failover | Item::Put1Follower => topology == Topology::Cluster,
             _ => true,
         }
     }
@@ -299,6 +304,19 @@ struct Plan {
     kills: usize,
 }
 
+/// The endpoints `item` runs against. A lone client's connection goes to one member, and in
+/// 3 members whether that is the leader or a follower (which forwards the write) changes its
+/// latency by a hop: `put1` goes to the leader and `put1-follower` to a follower, for both
+/// servers alike, rather than to whichever member happens to come first.
+fn via(item: Item, all: Vec<String>, leader: usize) -> Vec<String> {
+    let pick = match item {
+        Item::Put1 if all.len() > 1 => leader,
+        Item::Put1Follower => (leader + 1) % all.len(),
+        _ => return all,
+    };
+    vec![all[pick].clone()]
+}
+
 fn plan(a: &SideBySideArgs) -> Result<Plan> {
     let kinds = match a.only {
         Some(k) => vec![k],
@@ -319,11 +337,13 @@ fn plan(a: &SideBySideArgs) -> Result<Plan> {
     if a.auth {
         // The other workloads' clients (tonic: leases, watches, locks, the range key's
         // preparation, failover's restarts) show no token.
-        if let Some(other) = items
-            .iter()
-            .find(|i| !matches!(i, Item::Put1 | Item::Put100 | Item::TxnPut100))
-        {
-            bail!("--auth runs only put1, put100 and txn-put100, not {other:?}");
+        if let Some(other) = items.iter().find(|i| {
+            !matches!(
+                i,
+                Item::Put1 | Item::Put1Follower | Item::Put100 | Item::TxnPut100
+            )
+        }) {
+            bail!("--auth runs only put1, put1-follower, put100 and txn-put100, not {other:?}");
         }
     }
     let duration = a.duration.unwrap_or(if a.quick { 3.0 } else { 8.0 });
@@ -461,7 +481,7 @@ pub async fn side_by_side(args: SideBySideArgs) -> Result<()> {
                                 .filter(|&i| i != leader)
                                 .filter_map(|i| d.pid(i)),
                         );
-                        let endpoints = d.endpoints();
+                        let endpoints = via(item, d.endpoints(), leader);
                         let run = run_spec(&spec, &endpoints, plan.warmup, duration, false, &pids)
                             .await
                             .with_context(|| {
@@ -1003,6 +1023,15 @@ mod tests {
         assert_eq!(only.kinds, vec![Kind::Baton]);
         assert_eq!(only.rounds, 3);
         assert_eq!(only.duration, Duration::from_millis(1500));
+    }
+
+    #[test]
+    fn a_lone_client_goes_to_the_leader_or_a_follower_as_its_row_says() {
+        let all: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+        assert_eq!(via(Item::Put1, all.clone(), 2), vec!["c"]);
+        assert_eq!(via(Item::Put1Follower, all.clone(), 2), vec!["a"]);
+        assert_eq!(via(Item::Put100, all.clone(), 2), all);
+        assert_eq!(via(Item::Put1, vec!["x".into()], 0), vec!["x"]);
     }
 
     #[test]
