@@ -693,7 +693,8 @@ pub async fn side_by_side(args: SideBySideArgs) -> Result<()> {
              engine in-process (key-value, lock and election calls: hand-rolled gRPC over h2; \
              lease keep-alive streams, watch and failover writer: tonic), {} clients / {} \
              connections for the multi-client key-value rows; in 3-member runs the \
-             connections are spread over all members",
+             connections are spread over all members, except the lone client of put, 1 \
+             client (to the leader, or to a follower in its own row)",
             plan.warmup.as_secs_f64(),
             plan.duration.as_secs_f64(),
             plan.rounds,
