@@ -759,6 +759,16 @@ mod tests {
             .collect()
     }
 
+    /// How many versions hold their value in the spill.
+    fn spilled_versions(store: &KeyStore) -> usize {
+        store
+            .keys()
+            .values()
+            .flatten()
+            .filter(|v| matches!(v.live.as_ref().unwrap().value, Value::Spilled { .. }))
+            .count()
+    }
+
     /// Attaching walks the whole store, chunk after chunk: every long value already in it
     /// leaves the heap and reads back the same.
     #[test]
@@ -772,12 +782,7 @@ mod tests {
         }
         let before = contents(&store);
         store.attach_spill(Arc::new(MemSpill::new(64 * 1024)));
-        let spilled = store
-            .keys()
-            .values()
-            .flatten()
-            .filter(|v| matches!(v.live.as_ref().unwrap().value, Value::Spilled { .. }))
-            .count();
+        let spilled = spilled_versions(&store);
         assert_eq!(spilled as u64, keys);
         assert_eq!(contents(&store), before);
     }
@@ -810,12 +815,7 @@ mod tests {
         }
         // One short value stays in the heap.
         store.put(b"short", rev, live(b"s"));
-        let spilled = store
-            .keys()
-            .values()
-            .flatten()
-            .filter(|v| matches!(v.live.as_ref().unwrap().value, Value::Spilled { .. }))
-            .count();
+        let spilled = spilled_versions(&store);
         assert_eq!(spilled, 50 + 5 * 200, "every long value spilled");
         let before = contents(&store);
         let frozen = store.clone();
