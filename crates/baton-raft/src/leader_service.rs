@@ -57,8 +57,9 @@ impl LeaderService {
     /// (read-your-writes on the member written through), and it learns the entry is
     /// committed from a commit notice. openraft's own notice to it waits for that
     /// follower's early answer (`PeerClient::append_entries`), and so for its fsync, though
-    /// the entry was committed by the leader and the other follower; measured through a
-    /// follower (put, 1 client), the notice reached it ~80 µs after the batch's answer.
+    /// the entry was committed by the leader and the other follower. In a syscall trace of
+    /// a put through a follower (1 client) the batch's answer reached it 34 µs before that
+    /// notice, and its client's answer went 87 µs after the batch's answer.
     /// Sent only if news to it, like openraft's; one it cannot take yet (its log does not
     /// hold the entry) is given back and openraft's goes as before.
     pub(crate) fn notify_commit(&self, follower: u64, term: u64, index: u64) {
