@@ -64,21 +64,12 @@ impl LeaderService {
     /// hold the entry) is given back and openraft's goes as before.
     pub(crate) fn notify_commit(&self, follower: u64, term: u64, index: u64) {
         let me = self.replica.member_id;
-        let (vote, node) = {
-            let m = self.replica.raft.metrics();
-            let m = m.borrow();
-            let node = m
-                .membership_config
-                .membership()
-                .get_node(&follower)
-                .cloned();
-            (m.vote, node)
-        };
+        let vote = self.replica.raft.metrics().borrow().vote;
         let leader = vote.leader_id();
         if !vote.is_committed() || leader.voted_for() != Some(me) || leader.term != term {
             return;
         }
-        let Some(node) = node else {
+        let Some(node) = self.replica.membership_node(follower) else {
             return;
         };
         let committed = Some(LogId::new(CommittedLeaderId::new(term, me), index));
