@@ -166,8 +166,10 @@ impl Replica {
         }
     }
 
-    /// Waits until this replica has applied Raft index `index` (`Timeout` after `deadline`).
-    pub(crate) async fn wait_applied(
+    /// Waits until openraft reports Raft index `index` applied here (`Timeout` after
+    /// `deadline`): later than [`Replica::wait_applied`], but then openraft's metrics (the
+    /// membership `Node::members` lists) show everything up to `index` too.
+    pub(crate) async fn wait_applied_in_metrics(
         &self,
         index: u64,
         deadline: Instant,
@@ -181,12 +183,44 @@ impl Replica {
         match self
             .raft
             .wait(Some(remaining))
-            .metrics(applied, "read index applied")
+            .metrics(applied, "applied index reported")
             .await
         {
             Ok(_) => Ok(()),
             Err(WaitError::Timeout(..)) => Err(ProposeError::Timeout),
             Err(WaitError::ShuttingDown) => Err(ProposeError::ShuttingDown),
+        }
+    }
+
+    /// Waits until this replica has applied Raft index `index` (`Timeout` after `deadline`):
+    /// its state, watch hub and deletion watches have it (`Shared::applied_tx`).
+    pub(crate) async fn wait_applied(
+        &self,
+        index: u64,
+        deadline: Instant,
+    ) -> Result<(), ProposeError> {
+        let mut applied = self.shared.applied_tx.subscribe();
+        if *applied.borrow_and_update() >= index {
+            return Ok(());
+        }
+        // openraft's wait, only for its end: the deadline, or this member shutting down
+        // (the state machine, and so the sender, outlive the Raft core).
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let wait = self.raft.wait(Some(remaining));
+        let ended = wait.metrics(|_| false, "the deadline or shutdown");
+        let reached = async { applied.wait_for(|&i| i >= index).await.is_ok() };
+        tokio::select! {
+            reached = reached => {
+                if reached {
+                    Ok(())
+                } else {
+                    Err(ProposeError::ShuttingDown)
+                }
+            }
+            ended = ended => match ended {
+                Err(WaitError::ShuttingDown) => Err(ProposeError::ShuttingDown),
+                _ => Err(ProposeError::Timeout),
+            },
         }
     }
 

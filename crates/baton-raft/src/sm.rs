@@ -65,6 +65,13 @@ pub(crate) struct Shared {
     pub(crate) deletions: Arc<Mutex<DeletionWatches>>,
     pub(crate) leases: Mutex<LeaseClock>,
     pub(crate) revision_tx: watch::Sender<Revision>,
+    /// The index of the last entry applied here, sent as soon as its apply is done (state,
+    /// watch hub and deletion watches updated). `Replica::wait_applied` waits on this, not on
+    /// openraft's metrics: those report the apply only after the state machine task has
+    /// answered the Raft core and the core has published new metrics, two task hops later,
+    /// and a write forwarded by this member, or a read waiting for its read index, waits
+    /// for this member's apply, not for openraft's bookkeeping of it.
+    pub(crate) applied_tx: watch::Sender<u64>,
     /// Older Batons' `.snap` files (removed once a `db` is written).
     snap_dir: PathBuf,
     /// `member/snap/db`: where snapshots are written.
@@ -102,6 +109,7 @@ impl Shared {
         values: Option<Arc<ValueFile>>,
     ) -> Self {
         let (revision_tx, _) = watch::channel(state.sm.revision());
+        let (applied_tx, _) = watch::channel(state.last_applied.map_or(0, |l| l.index));
         let bytes = current_snapshot.as_ref().map_or(0, |c| c.2);
         Shared {
             state: RwLock::new(state),
@@ -109,6 +117,7 @@ impl Shared {
             deletions: Arc::new(Mutex::new(DeletionWatches::default())),
             leases: Mutex::new(LeaseClock::default()),
             revision_tx,
+            applied_tx,
             snap_dir,
             db_path,
             kv_changed_at_start: None,
@@ -443,6 +452,7 @@ impl RaftStateMachine<TypeConfig> for StateStore {
                 revision = Some(last.revision);
             }
             replies.push(Reply { applied });
+            self.shared.applied_tx.send_replace(log_id.index);
         }
         let space = &self.shared.space;
         if space.quota.is_some() && space.near_quota(self.shared.state.read().sm.kv_size_bytes()) {
@@ -583,6 +593,9 @@ impl StateStore {
         };
         self.shared.deletions.lock().fire_all();
         self.shared.revision_tx.send_replace(rev);
+        self.shared
+            .applied_tx
+            .send_replace(meta.last_log_id.map_or(0, |l| l.index));
         tracing::info!(last_log_id = ?meta.last_log_id, revision = rev.0, "installed a snapshot from the leader");
         Ok(())
     }

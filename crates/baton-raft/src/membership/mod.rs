@@ -114,7 +114,10 @@ impl Members {
                 if let Ok(changed) = &res {
                     // Committed: a slow local apply only delays visibility.
                     let replica = self.router.replica();
-                    let _ = replica.wait_applied(changed.raft_index, deadline).await;
+                    // In openraft's metrics too: `Node::members` lists from them.
+                    let _ = replica
+                        .wait_applied_in_metrics(changed.raft_index, deadline)
+                        .await;
                 }
                 res
             }
