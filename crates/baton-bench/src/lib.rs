@@ -14,6 +14,7 @@ pub mod security;
 pub mod server;
 pub mod session;
 pub mod side;
+pub mod steal;
 pub mod v3lock;
 pub mod watch;
 pub mod watch_create;

@@ -78,6 +78,10 @@ pub struct Sample {
     pub p99_ms: Option<f64>,
     /// The full run, where the row is a client run (not for RSS or failover).
     pub run: Option<crate::engine::RunResult>,
+    /// Share of all CPU time the hypervisor stole during the run, in percent (client runs;
+    /// see [`crate::steal`]). Absent in results written before it was recorded.
+    #[serde(default)]
+    pub steal_pct: Option<f64>,
 }
 
 /// What a row is: how to label it and read it.
@@ -165,6 +169,9 @@ pub struct Meta {
     pub cpu_model: Option<String>,
     pub mem_total_bytes: Option<u64>,
     pub load_average: Option<String>,
+    /// Share of all CPU time the hypervisor stole over the whole benchmark, in percent.
+    #[serde(default)]
+    pub steal_pct: Option<f64>,
     pub disk: Disk,
     pub etcd: Option<Binary>,
     pub baton: Option<Binary>,
@@ -228,6 +235,14 @@ impl Report {
                 .map(|l| format!(" (load average at the start: {l})"))
                 .unwrap_or_default()
         );
+        if let Some(steal) = m.steal_pct {
+            let _ = writeln!(
+                out,
+                "- CPU time stolen by the hypervisor over the whole run: {steal:.1} % (runs \
+                 with {:.0} % or more are named in the notes)",
+                crate::steal::NOTABLE_STEAL_PCT
+            );
+        }
         let d = &m.disk;
         let _ = writeln!(
             out,
@@ -452,6 +467,7 @@ mod tests {
             p50_ms: Some(1.0),
             p99_ms: Some(value / 100.0),
             run: None,
+            steal_pct: None,
         }
     }
 
@@ -537,6 +553,7 @@ mod tests {
                 cpu_model: Some("Test CPU".into()),
                 mem_total_bytes: Some(4 << 30),
                 load_average: Some("0.10 0.20 0.30".into()),
+                steal_pct: Some(3.5),
                 disk: Disk {
                     data_root: "/d".into(),
                     device: Some("/dev/vda".into()),
@@ -570,6 +587,10 @@ mod tests {
         );
         let md = report(vec![row]).markdown(Some("results.svg"));
         assert!(md.contains("- commit: abc1234-dirty\n"), "{md}");
+        assert!(
+            md.contains("- CPU time stolen by the hypervisor over the whole run: 3.5 %"),
+            "{md}"
+        );
         assert!(
             md.contains("fdatasync of 4 KiB: p50 250 µs, p99 900 µs"),
             "{md}"

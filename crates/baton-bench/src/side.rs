@@ -20,6 +20,7 @@ use crate::lease::LeaseLoad;
 use crate::report::{self, Binary, Disk};
 use crate::results::{Meta, Report, Row, RowSpec, Sample, Target};
 use crate::server::{Deployment, Kind, Settings, Topology};
+use crate::steal::{StealWindow, NOTABLE_STEAL_PCT};
 use crate::v3lock::{ElectionLoad, LockLoad};
 use crate::watch_create::WatchCreateLoad;
 
@@ -424,6 +425,7 @@ pub async fn side_by_side(args: SideBySideArgs) -> Result<()> {
         .ok()
         .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
     let started = Instant::now();
+    let whole_run_steal = StealWindow::start();
     let mut samples: Vec<Sample> = Vec::new();
 
     for &topology in &plan.topologies {
@@ -482,11 +484,13 @@ pub async fn side_by_side(args: SideBySideArgs) -> Result<()> {
                                 .filter_map(|i| d.pid(i)),
                         );
                         let endpoints = via(item, d.endpoints(), leader);
+                        let steal = StealWindow::start();
                         let run = run_spec(&spec, &endpoints, plan.warmup, duration, false, &pids)
                             .await
                             .with_context(|| {
                                 format!("{} against {kind} ({topology})", spec.label())
                             });
+                        let steal_pct = steal.pct();
                         d.check_alive()?;
                         // Logs of a run that failed or saw errors outlive the deployment.
                         let logs_note = match &run {
@@ -564,8 +568,20 @@ pub async fn side_by_side(args: SideBySideArgs) -> Result<()> {
                             }
                             _ => String::new(),
                         };
+                        let stolen = match steal_pct {
+                            Some(pct) if pct >= NOTABLE_STEAL_PCT => {
+                                notes.push(format!(
+                                    "{topology}, {}, {kind}, round {}: the hypervisor stole \
+                                     {pct:.1} % of the CPU time during the run",
+                                    spec.label(),
+                                    round + 1
+                                ));
+                                format!(", {pct:.1} % stolen")
+                            }
+                            _ => String::new(),
+                        };
                         eprintln!(
-                            "{} {}, p50 {:.3} ms, p99 {:.3} ms, client {:.1} µs/op{setup}{errors}",
+                            "{} {}, p50 {:.3} ms, p99 {:.3} ms, client {:.1} µs/op{setup}{errors}{stolen}",
                             crate::results::fmt_value(value, &item.row(topology, &args).unit),
                             item.row(topology, &args).unit,
                             run.p50_ms,
@@ -581,6 +597,7 @@ pub async fn side_by_side(args: SideBySideArgs) -> Result<()> {
                             p50_ms: p50,
                             p99_ms: p99,
                             run: Some(run),
+                            steal_pct,
                         });
                     }
                 }
@@ -742,6 +759,7 @@ pub async fn side_by_side(args: SideBySideArgs) -> Result<()> {
             cpu_model: report::cpu_model(),
             mem_total_bytes: report::mem_total_bytes(),
             load_average,
+            steal_pct: whole_run_steal.pct(),
             disk,
             etcd: plan
                 .kinds
@@ -878,6 +896,7 @@ async fn failover(
                         p50_ms: None,
                         p99_ms: None,
                         run: None,
+                        steal_pct: None,
                     });
                 }
                 None => {
@@ -954,6 +973,7 @@ async fn rss(
                 p50_ms: None,
                 p99_ms: None,
                 run: Some(run),
+                steal_pct: None,
             });
         }
         if written > 0 {
