@@ -11,6 +11,7 @@ mod corrupt_check;
 mod etcd_datadir;
 mod etcd_flags;
 mod gateway;
+mod idle_memory;
 mod log_output;
 mod serve;
 mod ui;
@@ -158,6 +159,7 @@ fn main() -> Result<()> {
     builder.enable_all();
     if let Command::Serve(args) = &cli.command {
         builder.worker_threads(serve::worker_threads(args));
+        idle_memory::collect_when_parking(&mut builder);
         if !serve::without_lifo_slot(&mut builder) {
             warnings.push(serve::LIFO_SLOT_WARNING.to_owned());
         }
