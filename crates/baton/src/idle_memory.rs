@@ -10,11 +10,12 @@
 //! so what the last burst freed goes back within about a second of going idle. Go's runtime,
 //! which etcd runs on, returns idle memory in the background the same way (its scavenger).
 //!
-//! Measured (single node, `put --total 100000` at 100 clients, 2 s of rest, RSS; 3 runs
-//! each, alternating): 50.6–51.1 → 49.1–49.9 MiB; put with 100 clients for 10 s on fresh
-//! servers 35.8–37.0k ops/s before, 34.6–45.5k after (server CPU per put alike). Purging on
-//! every free instead (`MIMALLOC_PURGE_DELAY=0`) gave 45.4–47.8 MiB but cost put throughput
-//! (29.3–35.1k against 35.9–36.7k ops/s, ~25 % more server CPU per put): not taken.
+//! Measured (single node, `put --total 100000` at 100 clients, 2 s of rest, `VmRSS`; 3 runs
+//! each, alternating): 49.5–49.9 → 48.0–48.7 MiB; put with 100 clients for 10 s on fresh
+//! servers 35.8–37.0k ops/s before, 34.6–45.5k after (server CPU per put alike, 27–28 µs).
+//! Purging on every free instead (`MIMALLOC_PURGE_DELAY=0`, given to the bench client too)
+//! gave 44.4–46.7 MiB but 29.3–35.1k ops/s against 35.9–36.7k, with ~12 % more server CPU
+//! per put: not taken.
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};
@@ -22,7 +23,7 @@ use std::time::{Duration, Instant};
 /// The shortest time between two collections on one worker. A forced collection walks the
 /// thread's pages and purges freed memory with `madvise`, and memory purged while a burst
 /// is still running is faulted in again; once a second keeps both out of the requests' way
-/// (purging on every free cost a quarter more CPU per put, see above).
+/// (purging on every free cost ~12 % more CPU per put, see above).
 const COLLECT_INTERVAL: Duration = Duration::from_secs(1);
 
 thread_local! {
