@@ -269,6 +269,15 @@ impl Node {
             .await
     }
 
+    /// The index of the last entry applied here: the state machine's own count
+    /// (`Shared::applied_tx`), which a read or a forwarded write has waited for, or
+    /// openraft's metrics' if those are ahead. The metrics alone lag the state machine by
+    /// two task hops, so a status taken right after a forwarded write could report an index
+    /// below that write's, although its effect was already readable.
+    fn applied_index(&self, in_metrics: u64) -> u64 {
+        in_metrics.max(*self.parts.replica.shared.applied_tx.borrow())
+    }
+
     pub fn status(&self) -> NodeStatus {
         let replica = &self.parts.replica;
         let m = replica.raft.metrics();
@@ -279,7 +288,7 @@ impl Node {
             leader_id: m.current_leader,
             term: m.current_term,
             last_log_index: m.last_log_index.unwrap_or(0),
-            applied_index: m.last_applied.map_or(0, |l| l.index),
+            applied_index: self.applied_index(m.last_applied.map_or(0, |l| l.index)),
             disk_bytes: replica.wal.stats.file_bytes.load(Ordering::Relaxed)
                 + replica.shared.snapshot_bytes.load(Ordering::Relaxed),
         }
@@ -298,7 +307,7 @@ impl Node {
                 m.state,
                 m.current_leader,
                 m.millis_since_quorum_ack,
-                m.last_applied.map_or(0, |l| l.index),
+                self.applied_index(m.last_applied.map_or(0, |l| l.index)),
             )
         };
         let timeout = replica.config.election_timeout;
