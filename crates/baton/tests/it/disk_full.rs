@@ -136,14 +136,27 @@ async fn check_all_there(url: &str, acked: &[Acked]) {
     let mut c = Client::connect([url], None).await.unwrap();
     let mut found = std::collections::HashMap::new();
     let mut from = b"w/".to_vec();
+    // Right after a restart the member may serve its port before it has elected itself
+    // again: it answers `no leader` (Unavailable), which etcd's clients retry; so does this,
+    // for as long as an election may take here.
+    let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let page = c
-            .get(
-                from.clone(),
-                Some(GetOptions::new().with_range("w0").with_limit(256)),
-            )
-            .await
-            .expect("a linearizable read is served");
+        let page = loop {
+            let read = c
+                .get(
+                    from.clone(),
+                    Some(GetOptions::new().with_range("w0").with_limit(256)),
+                )
+                .await;
+            match read {
+                Err(etcd_client::Error::GRpcStatus(st))
+                    if st.code() == tonic::Code::Unavailable && Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                read => break read.expect("a linearizable read is served"),
+            }
+        };
         for kv in page.kvs() {
             found.insert(kv.key().to_vec(), kv.value().to_vec());
         }
