@@ -26,7 +26,6 @@
 //! `has_leader` metric). So only an acknowledgement of a request sent within [`FRESH_FOR`]
 //! stands in; an older one would make the follower look more recently heard from than it is.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,7 +34,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::types::{LogId, Vote};
+use crate::types::{LogId, MemberMap, Vote};
 
 /// How recently the acknowledged early request must have been sent to stand in for
 /// openraft's (see the module docs). Well below the election timeout that clock is compared
@@ -62,7 +61,7 @@ struct Progress {
 /// Per follower, the early requests sent and answered (held by `network::Peers`).
 #[derive(Default)]
 pub(crate) struct EarlyAcks {
-    targets: Mutex<HashMap<u64, Arc<watch::Sender<Progress>>>>,
+    targets: Mutex<MemberMap<Arc<watch::Sender<Progress>>>>,
     /// How many of openraft's requests an early answer stood in for (all followers).
     stood_in: AtomicU64,
 }

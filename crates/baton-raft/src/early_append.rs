@@ -142,7 +142,7 @@ impl EarlyAppend {
             let counter = self.peers.early_slots(target);
             if counter.fetch_add(1, Ordering::AcqRel) >= MAX_IN_FLIGHT_PER_PEER {
                 counter.fetch_sub(1, Ordering::AcqRel);
-                metrics::counter!("baton_raft_early_appends_total", "outcome" => "skipped")
+                cached_counter!("baton_raft_early_appends_total", "outcome" => "skipped")
                     .increment(1);
                 continue;
             }
@@ -156,9 +156,12 @@ impl EarlyAppend {
                     .await;
                 counter.fetch_sub(1, Ordering::AcqRel);
                 ticket.answered(res.as_deref().is_ok_and(acknowledged));
-                let outcome = if res.is_ok() { "sent" } else { "failed" };
-                metrics::counter!("baton_raft_early_appends_total", "outcome" => outcome)
-                    .increment(1);
+                let outcome = if res.is_ok() {
+                    cached_counter!("baton_raft_early_appends_total", "outcome" => "sent")
+                } else {
+                    cached_counter!("baton_raft_early_appends_total", "outcome" => "failed")
+                };
+                outcome.increment(1);
             });
         }
         sent

@@ -302,7 +302,7 @@ impl Forwarder {
 
     /// Sends one batch and hands each item its answer.
     async fn send(&self, leader: u64, node: &Member, batch: Vec<Item>) {
-        metrics::histogram!("baton_forward_batch_size").record(batch.len() as f64);
+        cached_histogram!("baton_forward_batch_size").record(batch.len() as f64);
         let now = Instant::now();
         // The call lasts as long as its most patient item; each waiter keeps its own deadline.
         let timeout = batch

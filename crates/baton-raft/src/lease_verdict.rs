@@ -157,8 +157,7 @@ impl LeaseVerdicts {
     /// A grant stood on a verdict.
     pub(crate) fn used(&self) {
         self.used.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!("baton_lock_grant_checks_total", "confirmed_by" => "verdict")
-            .increment(1);
+        cached_counter!("baton_lock_grant_checks_total", "confirmed_by" => "verdict").increment(1);
     }
 
     pub(crate) fn used_total(&self) -> u64 {

@@ -16,7 +16,8 @@
 //! - data: `types` (openraft's type configuration, `Member`), `answer` (the API's answers
 //!   and errors), `error` (why a start failed), `config` and `limits` (how a replica is
 //!   started; its timeouts and bounds), `status`, `observe` (its monitoring counters, as
-//!   data: `Node::metrics`), `cluster` (`--initial-cluster` and the
+//!   data: `Node::metrics`), `cached_meters` (metric handles looked up once per call site,
+//!   for the paths every request takes), `cluster` (`--initial-cluster` and the
 //!   deterministic ids), `origin` (which commands a client may cause), `credential` (the
 //!   cluster token's proof), `membership::change` (membership requests and answers);
 //! - the peer protocol: `wire` (the bincode payloads of the `baton.raft.v1.Raft` service),
@@ -51,6 +52,9 @@
 //! `member/snap/db` (the snapshot, in etcd's backend layout plus Baton's bucket; `snapshot`),
 //! and in directories of older Batons (or fresh from a restore) `snap/<term>-<index>.snap`.
 
+// First, so its macros are in scope in every module below (textual macro scope).
+#[macro_use]
+mod cached_meters;
 mod answer;
 mod calls;
 mod cluster;

@@ -8,7 +8,6 @@
 //! that is down fails at once (connection refused) or after `CONNECT_TIMEOUT`; openraft then
 //! backs off (`backoff`) instead of retrying in a loop.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,7 +35,7 @@ use crate::env::PeerTransport;
 use crate::lease_verdict::LeaseVerdicts;
 use crate::peer_meters::PeerMeters;
 use crate::pipe::{self, PipeClient};
-use crate::types::{Member, TypeConfig};
+use crate::types::{Member, MemberMap, TypeConfig};
 use crate::wire::{
     self, WireError, FORMAT_VERSION_METADATA, MAX_PEER_MESSAGE_BYTES, PEER_FORMAT_VERSION,
 };
@@ -159,10 +158,10 @@ pub(crate) struct Peers {
     credential: Vec<u8>,
     /// Per peer: the URLs the channel was made for (a membership change of a peer's URLs
     /// makes a new channel) and the channel.
-    channels: Mutex<HashMap<u64, (Vec<String>, Channel)>>,
+    channels: Mutex<MemberMap<(Vec<String>, Channel)>>,
     /// When each peer last answered a call (any method): the leader heartbeats every voter
     /// and learner, so this is etcd's "active since" used by the reconfiguration checks.
-    last_answer: Mutex<HashMap<u64, Instant>>,
+    last_answer: Mutex<MemberMap<Instant>>,
     /// Set once a peer told this member it has been removed from the cluster (see
     /// `membership`); the embedder stops serving then.
     removed: tokio::sync::watch::Sender<bool>,
@@ -170,14 +169,14 @@ pub(crate) struct Peers {
     transport: Option<Arc<dyn PeerTransport>>,
     /// Per peer, the foreign payload format last reported in the log, so a mismatch is
     /// logged once per peer and version rather than at every heartbeat.
-    format_reported: Mutex<HashMap<u64, u32>>,
+    format_reported: Mutex<MemberMap<u32>>,
     /// Per peer, the transport's explanation of the last failed call that had one (a TLS
     /// refusal), so it is logged once per peer until it changes or the peer answers.
-    explained: Mutex<HashMap<u64, String>>,
+    explained: Mutex<MemberMap<String>>,
     /// Traffic per peer (shared with the peer service).
     pub(crate) meters: Arc<PeerMeters>,
     /// Per peer, the leader's early AppendEntries in flight (`early_append`).
-    early_in_flight: Mutex<HashMap<u64, Arc<AtomicUsize>>>,
+    early_in_flight: Mutex<MemberMap<Arc<AtomicUsize>>>,
     /// Per peer, what its answers to early AppendEntries acknowledged (`early_acks`).
     pub(crate) early_acks: EarlyAcks,
     /// Lease verdicts: issued on this member's AppendEntries as leader, kept as heard from
@@ -185,10 +184,10 @@ pub(crate) struct Peers {
     pub(crate) verdicts: Arc<LeaseVerdicts>,
     /// Per peer, the pipe most calls travel on (`pipe`), or since when the peer is known
     /// not to serve pipes.
-    pipes: Mutex<HashMap<u64, PipeSlot>>,
+    pipes: Mutex<MemberMap<PipeSlot>>,
     /// Per peer, since when it is known not to speak the peer link (`link`): its calls take
     /// the gRPC pipe until `pipe::RETRY_UNSUPPORTED` later.
-    links_unsupported: Mutex<HashMap<u64, Instant>>,
+    links_unsupported: Mutex<MemberMap<Instant>>,
 }
 
 /// A peer's pipe, or why it has none.
@@ -223,18 +222,18 @@ impl Peers {
             credential: credential
                 .map(ClusterCredential::to_vec)
                 .unwrap_or_default(),
-            channels: Mutex::new(HashMap::new()),
-            last_answer: Mutex::new(HashMap::new()),
+            channels: Mutex::new(MemberMap::default()),
+            last_answer: Mutex::new(MemberMap::default()),
             removed: tokio::sync::watch::channel(false).0,
             transport,
-            format_reported: Mutex::new(HashMap::new()),
-            explained: Mutex::new(HashMap::new()),
+            format_reported: Mutex::new(MemberMap::default()),
+            explained: Mutex::new(MemberMap::default()),
             meters: Arc::new(PeerMeters::default()),
-            early_in_flight: Mutex::new(HashMap::new()),
+            early_in_flight: Mutex::new(MemberMap::default()),
             early_acks: EarlyAcks::default(),
             verdicts: Arc::new(LeaseVerdicts::default()),
-            pipes: Mutex::new(HashMap::new()),
-            links_unsupported: Mutex::new(HashMap::new()),
+            pipes: Mutex::new(MemberMap::default()),
+            links_unsupported: Mutex::new(MemberMap::default()),
         }
     }
 
@@ -668,11 +667,17 @@ impl Peers {
                     .commit_not_taken(target, &notice.vote, notice.leader_commit);
             }
             let outcome = match (&res, taken) {
-                (Err(_), _) => "failed",
-                (Ok(_), true) => "sent",
-                (Ok(_), false) => "refused",
+                (Err(_), _) => {
+                    cached_counter!("baton_raft_commit_notices_total", "outcome" => "failed")
+                }
+                (Ok(_), true) => {
+                    cached_counter!("baton_raft_commit_notices_total", "outcome" => "sent")
+                }
+                (Ok(_), false) => {
+                    cached_counter!("baton_raft_commit_notices_total", "outcome" => "refused")
+                }
             };
-            metrics::counter!("baton_raft_commit_notices_total", "outcome" => outcome).increment(1);
+            outcome.increment(1);
         });
     }
 }
@@ -702,7 +707,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
             let acks = &self.peers.early_acks;
             if acks.covers(self.target, &rpc.vote, last, wait).await {
                 acks.stood_in();
-                metrics::counter!("baton_raft_appends_answered_early_total").increment(1);
+                cached_counter!("baton_raft_appends_answered_early_total").increment(1);
                 if acks.commit_news(self.target, &rpc.vote, rpc.leader_commit) {
                     self.notify_commit(AppendEntriesRequest {
                         vote: rpc.vote,

@@ -21,12 +21,13 @@
 //! machine moves the series as little as it moves etcd's, instead of putting the p99 over
 //! the alert's threshold on its own.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use metrics::{Counter, Histogram};
 use parking_lot::Mutex;
+
+use crate::types::MemberMap;
 
 /// At most this many peers get meters (members ever seen, removed ones included).
 pub(crate) const MAX_PEERS: usize = 256;
@@ -87,7 +88,7 @@ impl PeerMeter {
 /// The meters of every peer, shared by the peer client and the peer service.
 #[derive(Default)]
 pub(crate) struct PeerMeters {
-    by_id: Mutex<HashMap<u64, Arc<PeerMeter>>>,
+    by_id: Mutex<MemberMap<Arc<PeerMeter>>>,
 }
 
 impl PeerMeters {

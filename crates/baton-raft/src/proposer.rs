@@ -251,7 +251,7 @@ async fn run(
         last_stamp_ms = time_ms;
         let (commands, waiters): (Vec<Command>, Vec<_>) =
             batch.into_iter().map(|p| (p.command, p.done)).unzip();
-        metrics::histogram!("baton_raft_proposal_batch_size").record(commands.len() as f64);
+        cached_histogram!("baton_raft_proposal_batch_size").record(commands.len() as f64);
         match raft.client_write_ff(Request { time_ms, commands }).await {
             Err(f) => {
                 let e = fatal_error(&f, shutting_down.load(Ordering::Acquire));

@@ -235,7 +235,7 @@ impl ReadIndex {
         let replica = &self.replica;
         replica.check_running()?;
         if !self.confirmed_recently() || replica.transfer.is_closed() {
-            metrics::counter!("baton_lock_grant_checks_total", "confirmed_by" => "round")
+            cached_counter!("baton_lock_grant_checks_total", "confirmed_by" => "round")
                 .increment(1);
             return self.shared_local().await;
         }
@@ -251,7 +251,7 @@ impl ReadIndex {
         if !leading {
             return self.shared_local().await;
         }
-        metrics::counter!("baton_lock_grant_checks_total", "confirmed_by" => "lease").increment(1);
+        cached_counter!("baton_lock_grant_checks_total", "confirmed_by" => "lease").increment(1);
         let committed = replica.wal.committed_index();
         Ok(committed.max(self.floor(term, last_log_index)))
     }

@@ -12,7 +12,7 @@ use tonic::{Request, Status};
 use crate::convert;
 use crate::errors::{kv_status, rotate_key_status};
 use crate::kv::{check_size, unexpected};
-use crate::locks::{AcquireSpec, Held, LockEngine};
+use crate::locks::{AcquireSpec, Held, LockApi, LockEngine};
 
 /// Names one `AcquireMany` may take (each is a sequential acquisition).
 pub const MAX_ACQUIRE_MANY: usize = 64;
@@ -108,7 +108,7 @@ fn spec(
         // does not care must not switch off a delay another client asked for.
         delay_ms: (lock_delay_ms > 0).then_some(lock_delay_ms as u64),
         proclaim_existing: false,
-        api: "baton",
+        api: LockApi::Baton,
     })
 }
 

@@ -23,7 +23,7 @@ use crate::call_session::CallSession;
 use crate::convert::kv_to_pb;
 use crate::errors::{kv_status, ELECTION_MISSING_LEADER, ELECTION_NOT_LEADER, ELECTION_NO_LEADER};
 use crate::kv::check_size;
-use crate::locks::{AcquireSpec, LockEngine};
+use crate::locks::{AcquireSpec, LockApi, LockEngine};
 use crate::Shared;
 
 /// Responses queued per Observe stream before the stream's task waits for the client.
@@ -204,7 +204,7 @@ impl pb::election_server::Election for ElectionService {
                 try_only: false,
                 delay_ms: None,
                 proclaim_existing: true,
-                api: "election",
+                api: LockApi::Election,
             })
             .await?;
         if let Some(session) = session {

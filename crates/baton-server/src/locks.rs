@@ -97,8 +97,36 @@ pub struct AcquireSpec {
     /// etcd's Campaign: when the key already exists with another value, proclaim `value`
     /// before waiting.
     pub proclaim_existing: bool,
-    /// Metrics label: which API asked.
-    pub api: &'static str,
+    /// Which API asked (a metrics label).
+    pub api: LockApi,
+}
+
+/// The API an acquisition came through: `baton_lock_acquire_seconds{api}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockApi {
+    /// etcd's `v3lockpb.Lock`.
+    V3Lock,
+    /// etcd's `v3electionpb.Election` (Campaign).
+    Election,
+    /// `baton.v1`.
+    Baton,
+}
+
+impl LockApi {
+    /// The acquisition-time histogram of this API (a handle per label, looked up once).
+    fn acquire_seconds(self) -> &'static metrics::Histogram {
+        match self {
+            LockApi::V3Lock => {
+                baton_raft::cached_histogram!("baton_lock_acquire_seconds", "api" => "v3lock")
+            }
+            LockApi::Election => {
+                baton_raft::cached_histogram!("baton_lock_acquire_seconds", "api" => "election")
+            }
+            LockApi::Baton => {
+                baton_raft::cached_histogram!("baton_lock_acquire_seconds", "api" => "baton")
+            }
+        }
+    }
 }
 
 /// A granted lock.
@@ -186,7 +214,7 @@ struct Slot(Arc<Engine>);
 impl Drop for Slot {
     fn drop(&mut self) {
         let n = self.0.waiting.fetch_sub(1, Ordering::AcqRel) - 1;
-        metrics::gauge!("baton_lock_waiters").set(n as f64);
+        baton_raft::cached_gauge!("baton_lock_waiters").set(n as f64);
     }
 }
 
@@ -337,7 +365,7 @@ impl Engine {
                 limit: MAX_WAITERS,
             }));
         }
-        metrics::gauge!("baton_lock_waiters").set((n + 1) as f64);
+        baton_raft::cached_gauge!("baton_lock_waiters").set((n + 1) as f64);
         Ok(slot)
     }
 
@@ -423,7 +451,8 @@ impl Engine {
         match outcome {
             Ok(held) => {
                 self.grants.fetch_add(1, Ordering::Relaxed);
-                metrics::histogram!("baton_lock_acquire_seconds", "api" => spec.api)
+                spec.api
+                    .acquire_seconds()
                     .record(started.elapsed().as_secs_f64());
                 if let Err(Ok(held)) = tx.send(Ok(held)) {
                     // The caller left between the grant and the answer: nobody holds it.
@@ -460,7 +489,7 @@ impl Engine {
         // "Waiters per lock" without a label per lock name (unbounded cardinality): the
         // queue length each newcomer finds, as a distribution.
         let (_, queue_len) = self.shared.node.read(|sm| sm.lock_queue(&spec.name, 0));
-        metrics::histogram!("baton_lock_queue_length").record(queue_len as f64);
+        baton_raft::cached_histogram!("baton_lock_queue_length").record(queue_len as f64);
         if spec.proclaim_existing && !created && kv.value != spec.value {
             let rev = kv.create_revision.0;
             let (ok, _, _) = self
@@ -480,6 +509,9 @@ impl Engine {
         // When this acquisition first found the lock in lock-delay (for the wait's histogram).
         let mut deferred: Option<tokio::time::Instant> = None;
         loop {
+            // One reading of the clock for the whole turn: the head's delay is judged by it
+            // both here and below, so a head found undelayed needs (and gets) no watch.
+            let now_ms = node.time_ms();
             let (now, watches) = node.read_and_watch_deletions(|sm| {
                 let t = turn(sm, &spec.name, &mine.key, rev);
                 let keys = match &t {
@@ -488,7 +520,11 @@ impl Engine {
                     Turn::Wait { predecessor, .. } => {
                         vec![predecessor.key.clone(), mine.key.clone()]
                     }
-                    Turn::Head { .. } => vec![mine.key.clone()],
+                    // Waits out the delay unless its own key goes meanwhile.
+                    Turn::Head {
+                        delayed_until_ms, ..
+                    } if *delayed_until_ms > now_ms => vec![mine.key.clone()],
+                    Turn::Head { .. } => Vec::new(),
                 };
                 (t, keys)
             });
@@ -505,7 +541,7 @@ impl Engine {
                     tokio::select! {
                         _ = predecessor.deleted() => {
                             self.wakeups.fetch_add(1, Ordering::Relaxed);
-                            metrics::counter!("baton_lock_wakeups_total").increment(1);
+                            baton_raft::cached_counter!("baton_lock_wakeups_total").increment(1);
                         }
                         // Loops back to `Gone`.
                         _ = own.deleted() => {}
@@ -514,12 +550,12 @@ impl Engine {
                 Turn::Head {
                     delayed_until_ms, ..
                 } => {
-                    let now_ms = node.time_ms();
                     if delayed_until_ms > now_ms {
                         if deferred.is_none() {
                             deferred = Some(tokio::time::Instant::now());
                             self.delay_refusals.fetch_add(1, Ordering::Relaxed);
-                            metrics::counter!("baton_lock_delay_refusals_total").increment(1);
+                            baton_raft::cached_counter!("baton_lock_delay_refusals_total")
+                                .increment(1);
                         }
                         if spec.try_only {
                             return Err(lock_status(&LockError::Delayed {
@@ -535,7 +571,7 @@ impl Engine {
                         continue;
                     }
                     if let Some(since) = deferred.take() {
-                        metrics::histogram!("baton_lock_delay_wait_seconds")
+                        baton_raft::cached_histogram!("baton_lock_delay_wait_seconds")
                             .record(since.elapsed().as_secs_f64());
                     }
                     // Leadership confirmed by a quorum and the lease judged by the leader's

@@ -17,7 +17,7 @@ use tonic::{Request, Status};
 use crate::call_session::CallSession;
 use crate::errors::kv_status;
 use crate::kv::unexpected;
-use crate::locks::{AcquireSpec, LockEngine};
+use crate::locks::{AcquireSpec, LockApi, LockEngine};
 
 /// The etcd lock service.
 pub struct V3LockService {
@@ -51,7 +51,7 @@ impl pb::lock_server::Lock for V3LockService {
                 try_only: false,
                 delay_ms: None,
                 proclaim_existing: false,
-                api: "v3lock",
+                api: LockApi::V3Lock,
             })
             .await?;
         if let Some(session) = session {

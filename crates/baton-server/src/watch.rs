@@ -208,7 +208,7 @@ impl Session {
                 hub.remove(id);
             }
         });
-        metrics::gauge!("baton_watchers").decrement(self.watchers.len() as f64);
+        baton_raft::cached_gauge!("baton_watchers").decrement(self.watchers.len() as f64);
     }
 
     async fn send(&self, resp: pb::WatchResponse) -> Result<(), Gone> {
@@ -224,7 +224,7 @@ impl Session {
                     self.shared
                         .node
                         .with_watch_hub(|hub, _| hub.remove(w.hub_id));
-                    metrics::gauge!("baton_watchers").decrement(1.0);
+                    baton_raft::cached_gauge!("baton_watchers").decrement(1.0);
                     self.send(pb::WatchResponse {
                         header: Some(self.shared.header()),
                         watch_id: c.watch_id,
@@ -287,7 +287,7 @@ impl Session {
             self.shared
                 .node
                 .with_watch_hub(|hub, _| hub.remove(w.hub_id));
-            metrics::gauge!("baton_watchers").decrement(1.0);
+            baton_raft::cached_gauge!("baton_watchers").decrement(1.0);
             let reason = go_status_text(&auth_status(baton_core::AuthError::PermissionDenied));
             self.send(pb::WatchResponse {
                 header: Some(self.shared.header()),
@@ -390,7 +390,7 @@ impl Session {
                 sent_since_tick: false,
             },
         );
-        metrics::gauge!("baton_watchers").increment(1.0);
+        baton_raft::cached_gauge!("baton_watchers").increment(1.0);
         self.send(pb::WatchResponse {
             header: Some(self.shared.header_at(revision.0, self.shared.term())),
             watch_id,
@@ -421,9 +421,9 @@ impl Session {
                         let fragment = w.fragment;
                         let events: Vec<mvccpb::Event> =
                             events.into_iter().map(event_to_pb).collect();
-                        metrics::counter!("baton_watch_events_sent_total")
+                        baton_raft::cached_counter!("baton_watch_events_sent_total")
                             .increment(events.len() as u64);
-                        metrics::counter!("etcd_debugging_mvcc_events_total")
+                        baton_raft::cached_counter!("etcd_debugging_mvcc_events_total")
                             .increment(events.len() as u64);
                         if let Some(w) = self.watchers.get_mut(&watch_id) {
                             w.sent_since_tick = true;
@@ -432,7 +432,7 @@ impl Session {
                     }
                     WatchOutput::Compacted { compact_revision } => {
                         self.watchers.remove(&watch_id);
-                        metrics::gauge!("baton_watchers").decrement(1.0);
+                        baton_raft::cached_gauge!("baton_watchers").decrement(1.0);
                         // As etcd sends it (`sendLoop`): no cancel reason (clients tell a
                         // compaction by `compact_revision`), and a header at revision 0,
                         // the revision of the store's compaction notice.

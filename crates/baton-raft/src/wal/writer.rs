@@ -300,7 +300,7 @@ impl Writer {
         for (done, n) in p.appended {
             match &res {
                 Ok(()) => {
-                    metrics::counter!("baton_wal_appended_entries_total").increment(n);
+                    cached_counter!("baton_wal_appended_entries_total").increment(n);
                     if let Some(done) = done {
                         done.log_io_completed(Ok(()));
                     }
@@ -374,9 +374,9 @@ impl Writer {
             u64::try_from(took.as_nanos()).unwrap_or(u64::MAX),
             Ordering::Relaxed,
         );
-        metrics::histogram!("baton_wal_fsync_seconds").record(took.as_secs_f64());
-        metrics::histogram!("etcd_disk_wal_fsync_duration_seconds").record(took.as_secs_f64());
-        metrics::counter!("baton_wal_fsyncs_total").increment(1);
+        cached_histogram!("baton_wal_fsync_seconds").record(took.as_secs_f64());
+        cached_histogram!("etcd_disk_wal_fsync_duration_seconds").record(took.as_secs_f64());
+        cached_counter!("baton_wal_fsyncs_total").increment(1);
         self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
         self.dirty = false;
         *self.durable.lock() = (self.generation, self.pos);
@@ -395,7 +395,7 @@ impl Writer {
             .written_bytes
             .fetch_add(bytes.len() as u64, Ordering::Relaxed);
         self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!("baton_wal_fsyncs_total").increment(1);
+        cached_counter!("baton_wal_fsyncs_total").increment(1);
         self.file = self.disk.open(&path, bytes.len() as u64)?;
         self.generation = generation;
         self.pos = bytes.len() as u64;

@@ -21,7 +21,7 @@ pub(crate) struct WatchStream(());
 impl WatchStream {
     pub(crate) fn open() -> WatchStream {
         WATCH_STREAMS.fetch_add(1, Ordering::Relaxed);
-        metrics::gauge!("baton_watch_streams").increment(1.0);
+        baton_raft::cached_gauge!("baton_watch_streams").increment(1.0);
         WatchStream(())
     }
 }
@@ -29,6 +29,6 @@ impl WatchStream {
 impl Drop for WatchStream {
     fn drop(&mut self) {
         WATCH_STREAMS.fetch_sub(1, Ordering::Relaxed);
-        metrics::gauge!("baton_watch_streams").decrement(1.0);
+        baton_raft::cached_gauge!("baton_watch_streams").decrement(1.0);
     }
 }
