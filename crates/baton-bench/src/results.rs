@@ -162,6 +162,7 @@ impl Row {
 /// Where and with what the benchmark ran.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Meta {
+    /// When the report was made: the end of the run.
     pub date_utc: String,
     /// `git rev-parse --short HEAD`, with `-dirty` if tracked files differ from it.
     pub commit: String,
@@ -219,7 +220,8 @@ impl Report {
              Medians over rounds.\n",
             m.command
         );
-        let _ = writeln!(out, "- date: {}", m.date_utc);
+        // Taken when the report is written: the run's end, not its start.
+        let _ = writeln!(out, "- date: {} (the end of the run)", m.date_utc);
         let _ = writeln!(out, "- commit: {}", m.commit);
         let mem = m
             .mem_total_bytes
