@@ -4,7 +4,8 @@
 //!
 //! **The downstream decoder's dynamic table stays right.** Until a block needs a rewrite,
 //! every block passes byte for byte: the server's decoder and [`Blocks`]' decoder are the same
-//! code with the same settings fed the same header frames, so their tables are equal to each
+//! code with the same settings fed the same header frames — but for blocks that change no
+//! table ([`neutral`]), which [`Blocks`]' decoder is spared — so their tables are equal to each
 //! other and to the client's encoder's. The first block that needs a rewrite is re-encoded by
 //! [`Blocks`]' encoder (fresh: empty table, 4096 bytes), which opens it with two dynamic-table
 //! size updates, to 0 and back to 4096: the server's decoder drops every entry the client put
@@ -25,6 +26,8 @@ use bytes::{Bytes, BytesMut};
 use futures::Stream;
 use h2::frame::{BytesStr, Frame, Headers};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::neutral;
 
 /// h2's default SETTINGS_HEADER_TABLE_SIZE, which the server keeps (hyper sets none): the
 /// most a client's dynamic table may hold, and what the re-encoder's table grows back to.
@@ -48,6 +51,10 @@ pub struct Blocks {
     codec: h2::Codec<Pipe, Bytes>,
     /// A block was rewritten: every later one is re-encoded.
     rewriting: bool,
+    /// Every block the decoder has read decoded whole, in the header list limit, with no
+    /// URL `:authority`: so no dynamic entry holds one, and a [`neutral::table_neutral`]
+    /// block can pass without being decoded (see there).
+    vouched: bool,
 }
 
 impl Blocks {
@@ -59,6 +66,7 @@ impl Blocks {
         Blocks {
             codec,
             rewriting: false,
+            vouched: true,
         }
     }
 
@@ -70,6 +78,9 @@ impl Blocks {
     /// Decides about one complete header block: `raw` is its frames, HEADERS (or
     /// PUSH_PROMISE) through the CONTINUATION with END_HEADERS.
     pub fn decide(&mut self, raw: &[u8]) -> Decision {
+        if !self.rewriting && self.vouched && neutral::table_neutral(raw) {
+            return Decision::Unchanged;
+        }
         self.codec.get_mut().input.extend_from_slice(raw);
         let mut cx = Context::from_waker(Waker::noop());
         let polled = Pin::new(&mut self.codec).poll_next(&mut cx);
@@ -77,8 +88,15 @@ impl Blocks {
         // taken as the start of the next block, so such a block is not trusted.
         let leftover = !self.codec.get_ref().input.is_empty();
         self.codec.get_mut().input.clear();
+        let whole = !leftover
+            && matches!(&polled, Poll::Ready(Some(Ok(Frame::Headers(h)))) if !h.is_over_size());
+        if !whole {
+            // What the decoder read of a block it refused may have entered the table unseen:
+            // from now on every block is decoded.
+            self.vouched = false;
+        }
         let mut decoded = match polled {
-            Poll::Ready(Some(Ok(Frame::Headers(h)))) if !leftover && !h.is_over_size() => h,
+            Poll::Ready(Some(Ok(Frame::Headers(h)))) if whole => h,
             // A stream error: the server decodes and refuses the same block the same way.
             Poll::Ready(Some(Err(h2::proto::Error::Reset(..)))) if !self.rewriting => {
                 return Decision::Unchanged;

@@ -18,7 +18,9 @@
 //! **Cost.** Bytes that need no change stay where the socket read put them, in the server's
 //! own read buffer; only a header block still incomplete at the end of a read is copied
 //! aside until its remaining frames arrive (read exactly, so the next read is in place again).
-//! Each header block is decoded once more than before (the server decodes it too).
+//! Each header block is decoded once more than before (the server decodes it too), except a
+//! lone HEADERS frame that leaves the HPACK dynamic table as it was and names `:authority`
+//! only by index ([`neutral`]: most blocks of h2-style clients), which is walked, not decoded.
 //! Measurements: ARCHITECTURE.md, "Libraries, and why these".
 //!
 //! **Bounds.** A held block is at most what h2 accepts (frames of `max_frame` bytes, at most
@@ -28,6 +30,7 @@
 
 mod blocks;
 mod frames;
+mod neutral;
 
 #[cfg(test)]
 mod tests;
