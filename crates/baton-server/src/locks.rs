@@ -38,8 +38,8 @@ use std::time::Duration;
 
 use baton_core::{
     Command, Compare, CompareResult, CompareTarget, DeleteRangeRequest, FencingToken, KeyRange,
-    KeyValue, LeaseId, PutRequest, RangeRequest, RequestOp, Response, Revision, StateMachine,
-    TxnRequest, TxnResponse,
+    KeyValue, LeaseId, PutRequest, RequestOp, Response, Revision, StateMachine, TxnRequest,
+    TxnResponse,
 };
 use tokio::sync::oneshot;
 use tonic::Status;
@@ -169,20 +169,8 @@ fn single(key: &[u8]) -> KeyRange {
     }
 }
 
-/// The live version of `key`, if any.
-pub(crate) fn get(sm: &StateMachine, key: &[u8]) -> Option<KeyValue> {
-    sm.range(&RangeRequest {
-        range: single(key),
-        ..RangeRequest::default()
-    })
-    .ok()?
-    .kvs
-    .into_iter()
-    .next()
-}
-
 fn turn(sm: &StateMachine, name: &[u8], key: &[u8], rev: Revision) -> Turn {
-    let Some(me) = get(sm, key).filter(|kv| kv.create_revision == rev) else {
+    let Some(me) = sm.live_key(key).filter(|kv| kv.create_revision == rev) else {
         return Turn::Gone;
     };
     match sm.lock_predecessor(name, rev, key) {

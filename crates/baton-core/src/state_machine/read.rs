@@ -7,7 +7,8 @@
 
 use crate::command::KvError;
 use crate::crc32::Crc32;
-use crate::types::{CommandIndex, Event, KeyRange, Revision, Term};
+use crate::mvcc::key_value;
+use crate::types::{CommandIndex, Event, KeyRange, KeyValue, Revision, Term};
 
 use super::store::{StateMachine, FIRST_REVISION};
 
@@ -82,6 +83,14 @@ impl StateMachine {
             events,
             next: Revision(stopped_at.unwrap_or(caught_up)),
         })
+    }
+
+    /// The live version of `key`, as a range of that one key at the current revision returns
+    /// it, without a range's request handling: the lock engine reads its waiter key at every
+    /// turn of every acquisition.
+    pub fn live_key(&self, key: &[u8]) -> Option<KeyValue> {
+        let (mod_revision, live) = self.store.latest(key)?;
+        Some(key_value(key, mod_revision, live))
     }
 
     /// Live keys (latest revision).

@@ -163,3 +163,48 @@ fn prev_values_in_events_only_when_asked_for() {
     };
     assert_eq!(r.prev_kvs[0].value, b"five");
 }
+
+/// `live_key` is what a range of that one key returns: the newest live version, none once
+/// deleted, the new incarnation once re-created.
+#[test]
+fn live_key_is_the_one_key_range() {
+    use crate::command::{DeleteRangeRequest, RangeRequest};
+    use crate::types::KeyRange;
+    let ranged = |sm: &StateMachine, key: &str| {
+        sm.range(&RangeRequest {
+            range: KeyRange {
+                key: key.into(),
+                range_end: Vec::new(),
+            },
+            ..RangeRequest::default()
+        })
+        .unwrap()
+        .kvs
+        .into_iter()
+        .next()
+    };
+    let mut sm = StateMachine::new();
+    assert_eq!(sm.live_key(b"k"), None);
+    sm.apply(&entry(1, put("k", "one")));
+    sm.apply(&entry(2, put("k", "two")));
+    sm.apply(&entry(3, put("other", "x")));
+    let live = sm.live_key(b"k").expect("live");
+    assert_eq!((live.value.as_slice(), live.version), (&b"two"[..], 2));
+    assert_eq!(Some(live), ranged(&sm, "k"));
+    sm.apply(&entry(
+        4,
+        Command::DeleteRange(DeleteRangeRequest {
+            range: KeyRange {
+                key: b"k".to_vec(),
+                range_end: Vec::new(),
+            },
+            prev_kv: false,
+        }),
+    ));
+    assert_eq!(sm.live_key(b"k"), None);
+    assert_eq!(ranged(&sm, "k"), None);
+    sm.apply(&entry(5, put("k", "three")));
+    let again = sm.live_key(b"k").expect("re-created");
+    assert_eq!(again.create_revision, Revision(6));
+    assert_eq!(Some(again), ranged(&sm, "k"));
+}

@@ -497,6 +497,18 @@ fn a_url_authority_becomes_its_authority_in_every_representation() {
     }
 }
 
+/// The preface, SETTINGS and stream 1's block from `grpc` with a plain authority: `enc`'s
+/// table then holds 62 te, 63 content-type, 64 authority, 65 path.
+fn opened(enc: &mut Encoder, path: &str) -> Vec<u8> {
+    let mut c = opening();
+    c.extend(headers(
+        1,
+        &encode(enc, &grpc("127.0.0.1:2379", path)),
+        Framing::default(),
+    ));
+    c
+}
+
 /// A block of an h2-style request once the table is filled (`grpc`'s entries: 62 te, 63
 /// content-type, 64 authority) with `:path` a literal without indexing, and `:authority` as
 /// `authority`, encoded by `enc`, which holds those entries.
@@ -518,12 +530,7 @@ fn h2_style(enc: &mut Encoder, path: &str, authority: Field) -> Vec<u8> {
 fn blocks_that_leave_the_table_alone_pass_as_they_are_and_decode_right() {
     let path = "/etcdserverpb.KV/Put";
     let mut enc = Encoder::default();
-    let mut c = opening();
-    c.extend(headers(
-        1,
-        &encode(&mut enc, &grpc("127.0.0.1:2379", path)),
-        Framing::default(),
-    ));
+    let mut c = opened(&mut enc, path);
     let neutral = h2_style(&mut enc, path, Field::Indexed(64));
     assert!(super::neutral::table_neutral(&headers(
         3,
@@ -551,12 +558,7 @@ fn a_url_authority_named_by_a_dynamic_entry_or_left_by_a_refused_block_is_rewrit
     // A literal without indexing (the table stays as it was) under the dynamic name 64,
     // `:authority`.
     let mut enc = Encoder::default();
-    let mut c = opening();
-    c.extend(headers(
-        1,
-        &encode(&mut enc, &grpc("127.0.0.1:2379", path)),
-        Framing::default(),
-    ));
+    let mut c = opened(&mut enc, path);
     c.extend(headers(
         3,
         &h2_style(&mut enc, path, Field::Named(64, url, H)),
