@@ -254,7 +254,10 @@ impl LockEngine {
         StateMachine::validate(&check).map_err(|e| kv_status(&e))?;
         let slot = self.inner.take_slot()?;
         let (tx, rx) = oneshot::channel();
-        tokio::spawn(self.inner.clone().run(spec, slot, tx));
+        // Boxed: the acquisition's future (enqueue, wait, grant check) is large, and tokio
+        // moves a spawned future by value through several calls before it rests in its task;
+        // a box moves as a pointer (callgrind: ~2.4k instructions of copying a lock cycle).
+        tokio::spawn(Box::pin(self.inner.clone().run(spec, slot, tx)));
         rx.await
             .unwrap_or_else(|_| Err(Status::internal("baton: lock task ended without an answer")))
     }

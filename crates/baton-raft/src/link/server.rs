@@ -48,12 +48,15 @@ where
                     let call_id = frame.call_id;
                     let call = serve_call(frame);
                     let outbox = outbox.clone();
-                    tokio::spawn(async move {
+                    // Boxed: a call's future (any peer method's handler) is large, and tokio
+                    // moves a spawned future by value through several calls before it rests
+                    // in its task; a box moves as a pointer.
+                    tokio::spawn(Box::pin(async move {
                         let result = call.await;
                         // A failed write ends the writer task: the link closes below.
                         let _ = outbox.send(Kind::Answer, Some(&answer(call_id, result)));
                         drop(slot);
-                    });
+                    }));
                 }
                 Ok(Some((Kind::Ping, _))) => {
                     let _ = outbox.send(Kind::Pong, None);
