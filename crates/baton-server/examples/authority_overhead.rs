@@ -12,8 +12,9 @@
 //! `go`: each request as grpc-go sends one (etcd's clients): every field indexed after the
 //! first request but a fresh `grpc-timeout` literal (Huffman, incremental indexing), and a
 //! DATA frame with a small put. `h2`: as Rust's h2 clients without a deadline send one
-//! (tonic's, `baton bench`'s): every field indexed but `:path`, a literal never indexed, so
-//! the block leaves the table as it was and the adaptor passes it undecoded. `url`: like `go` with an `http://` URL as `:authority` (every block rewritten).
+//! (tonic's, `baton bench`'s): every field indexed but `:path`, a literal without indexing,
+//! so the block leaves the table as it was and the adaptor passes it undecoded. `url`: like
+//! `go` with an `http://` URL as `:authority` (every block rewritten).
 
 use std::io;
 use std::pin::Pin;
