@@ -15,6 +15,10 @@ pub const KIND_HEADERS: u8 = 0x1;
 pub const KIND_PUSH_PROMISE: u8 = 0x5;
 pub const KIND_CONTINUATION: u8 = 0x9;
 pub const FLAG_END_HEADERS: u8 = 0x4;
+/// HEADERS: a pad-length byte opens the payload and that many bytes of padding close it.
+pub const FLAG_PADDED: u8 = 0x8;
+/// HEADERS: stream dependency and weight (5 bytes) follow the pad length.
+pub const FLAG_PRIORITY: u8 = 0x20;
 
 /// What the bytes at the front of the unreleased input are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

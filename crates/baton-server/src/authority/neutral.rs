@@ -20,10 +20,10 @@
 //! as it would have (a connection error ends the connection; a stream error leaves the table
 //! as it was, as these representations always do).
 
-use super::frames::{FrameHead, FLAG_END_HEADERS, FRAME_HEADER_BYTES, KIND_HEADERS};
+use super::frames::{
+    FrameHead, FLAG_END_HEADERS, FLAG_PADDED, FLAG_PRIORITY, FRAME_HEADER_BYTES, KIND_HEADERS,
+};
 
-const FLAG_PADDED: u8 = 0x8;
-const FLAG_PRIORITY: u8 = 0x20;
 /// Stream dependency (4 bytes) and weight (1) of a HEADERS frame with PRIORITY.
 const PRIORITY_BYTES: usize = 5;
 /// The static table's entries (RFC 7541 Appendix A); a larger index is a dynamic entry.
@@ -134,7 +134,7 @@ mod tests {
         assert!(table_neutral(&headers(FLAG_END_HEADERS, &[])));
         // A dynamic index past one byte (127 + 73 = 200).
         assert!(table_neutral(&headers(FLAG_END_HEADERS, &[0xff, 0x49])));
-        // Padding and priority are skipped.
+        // Padding and priority fields are read past.
         let mut padded = vec![3];
         padded.extend_from_slice(NEUTRAL);
         padded.extend_from_slice(&[0, 0, 0]);

@@ -13,7 +13,8 @@ use httlib_hpack::Encoder;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::frames::{
-    FrameHead, FLAG_END_HEADERS, FRAME_HEADER_BYTES, KIND_CONTINUATION, KIND_HEADERS, PREFACE,
+    FrameHead, FLAG_END_HEADERS, FLAG_PADDED, FLAG_PRIORITY, FRAME_HEADER_BYTES, KIND_CONTINUATION,
+    KIND_HEADERS, PREFACE,
 };
 use super::{url_authority, AuthorityRewrite, Limits};
 
@@ -25,8 +26,6 @@ const H: u8 = Encoder::HUFFMAN_NAME | Encoder::HUFFMAN_VALUE;
 const INDEX: u8 = Encoder::WITH_INDEXING;
 const NEVER: u8 = Encoder::NEVER_INDEXED;
 const FLAG_END_STREAM: u8 = 0x1;
-const FLAG_PADDED: u8 = 0x8;
-const FLAG_PRIORITY: u8 = 0x20;
 
 // ---- the client side: independent encoder, frames ----
 
