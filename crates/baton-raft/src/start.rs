@@ -112,7 +112,7 @@ impl Node {
             .env
             .disk
             .is_none()
-            .then(|| Arc::new(ValueFile::new(&config.data_dir)));
+            .then(|| Arc::new(ValueFile::new(&config.data_dir, config.disk_reserve_bytes)));
         let mut state = state;
         if let Some(values) = &values {
             state.sm.keep_values_in(values.clone());

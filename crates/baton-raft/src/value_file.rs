@@ -16,7 +16,11 @@
 //!   read from it); the page cache does the rest. If a write fails (a full disk) the buffer
 //!   keeps the records and the write is retried once the buffer has doubled (a sealed
 //!   segment keeps them in memory until it is gone): memory grows, nothing is lost, and a
-//!   warning says so.
+//!   warning says so. A write that would leave less free space than the disk reserve
+//!   (`--disk-reserve-bytes`) is not attempted and fares the same: the reserve is the raft
+//!   log's (votes, alarms, deletes, compaction; see `space`). Without this rule a member
+//!   restarted on a nearly full disk spilled its replayed values into the last free bytes
+//!   before it could save its vote, and stayed without a leader until space was freed.
 //! - a segment is sealed at [`SEGMENT_BYTES`] and a new one started. A sealed segment whose
 //!   values the store refers to less than half of is marked for evacuation; the store moves
 //!   those values to the current segment a few per applied entry, and the sealed file goes
@@ -36,7 +40,7 @@ use std::sync::{Arc, Weak};
 use baton_core::value::{Segment, SegmentRead, ValueSpill, MAX_SEGMENT_OFFSET};
 use parking_lot::Mutex;
 
-use crate::space::RateLimit;
+use crate::space::{self, RateLimit};
 
 /// A segment is sealed once it reaches this size (a multiple of the flush size is not
 /// needed: a segment ends after the record that crosses it).
@@ -53,6 +57,8 @@ const _: () = assert!(SEGMENT_BYTES + (16 << 20) < MAX_SEGMENT_OFFSET);
 /// The spill a member hands its state machine. See the module docs.
 pub(crate) struct ValueFile {
     dir: PathBuf,
+    /// What each segment's writes leave free.
+    keep_free: Arc<KeepFree>,
     state: Mutex<FileState>,
     /// Warnings for failed writes and segment creations, at most one per interval.
     warn: RateLimit,
@@ -84,10 +90,15 @@ struct Sealed {
 
 impl ValueFile {
     /// Segments are created in `dir` (the data directory: same file system, same space
-    /// accounting), the first one at the first value.
-    pub(crate) fn new(dir: &Path) -> ValueFile {
+    /// accounting), the first one at the first value; their writes leave at least
+    /// `reserve_bytes` free (0: no check, writes go on until the file system refuses them).
+    pub(crate) fn new(dir: &Path, reserve_bytes: u64) -> ValueFile {
         ValueFile {
             dir: dir.to_path_buf(),
+            keep_free: Arc::new(KeepFree {
+                dir: dir.to_path_buf(),
+                bytes: reserve_bytes,
+            }),
             state: Mutex::new(FileState {
                 current: None,
                 sealed: Vec::new(),
@@ -117,6 +128,7 @@ impl ValueFile {
         let file = Arc::new(SegmentFile {
             id,
             file,
+            keep_free: self.keep_free.clone(),
             pending: Mutex::new(Pending {
                 bytes: Vec::with_capacity(FLUSH_AT + HEADER),
                 flushed: 0,
@@ -231,10 +243,44 @@ impl ValueFile {
     }
 }
 
+/// The free space the value file leaves for the raft log: the disk reserve.
+struct KeepFree {
+    /// Where to measure (the data directory).
+    dir: PathBuf,
+    bytes: u64,
+}
+
+impl KeepFree {
+    /// Whether `len` more bytes may be written: refused (as the file system would refuse
+    /// them, so the caller keeps them in memory) when they would leave less than the
+    /// reserve free. A failed measurement does not refuse: the write itself then tells.
+    fn allow(&self, len: usize) -> io::Result<()> {
+        if self.bytes == 0 {
+            return Ok(());
+        }
+        let Ok(free) = space::free_bytes(&self.dir) else {
+            return Ok(());
+        };
+        if free < self.bytes.saturating_add(len as u64) {
+            return Err(io::Error::new(
+                io::ErrorKind::StorageFull,
+                format!(
+                    "writing {len} bytes would leave less than the disk reserve free \
+                     ({free} bytes free, reserve {} bytes, --disk-reserve-bytes): the reserve \
+                     is kept for the raft log",
+                    self.bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// One segment's file and the records not yet written to it.
 struct SegmentFile {
     id: u64,
     file: File,
+    keep_free: Arc<KeepFree>,
     pending: Mutex<Pending>,
 }
 
@@ -283,7 +329,11 @@ impl SegmentFile {
         if p.bytes.is_empty() {
             return Ok(());
         }
-        if let Err(e) = self.file.write_all_at(&p.bytes, p.flushed) {
+        let written = self
+            .keep_free
+            .allow(p.bytes.len())
+            .and_then(|()| self.file.write_all_at(&p.bytes, p.flushed));
+        if let Err(e) = written {
             p.flush_at = p.bytes.len().saturating_mul(2);
             return Err(e);
         }
@@ -373,7 +423,7 @@ mod tests {
     #[test]
     fn values_read_back_from_the_buffer_and_from_the_file() {
         let dir = tempfile::tempdir().unwrap();
-        let file = ValueFile::new(dir.path());
+        let file = ValueFile::new(dir.path(), 0);
         let mut handles = Vec::new();
         // Enough to flush the buffer several times.
         for i in 0..4000u32 {
@@ -411,9 +461,40 @@ mod tests {
     }
 
     #[test]
+    fn writes_that_would_eat_into_the_reserve_stay_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let free = space::free_bytes(dir.path()).unwrap();
+        // A reserve above what the file system has free: nothing may be written.
+        let file = ValueFile::new(dir.path(), free + (1 << 30));
+        let handles: Vec<_> = (0..2000u32)
+            .map(|i| {
+                let v = value(i, 1000);
+                let (seg, off) = file.store(&v).unwrap();
+                (seg, off, v)
+            })
+            .collect();
+        let flushed = |file: &ValueFile| {
+            let st = file.state.lock();
+            let cur = st.current.as_ref().unwrap();
+            let flushed = cur.file.pending.lock().flushed;
+            flushed
+        };
+        assert_eq!(flushed(&file), 0, "nothing written into the reserve");
+        for (seg, off, v) in &handles {
+            assert_eq!(&seg.read(*off, v.len()), v, "read back from memory");
+        }
+        // The same values with the reserve lifted (a disk with room) are written out.
+        let roomy = ValueFile::new(dir.path(), 1);
+        for (_, _, v) in &handles {
+            roomy.store(v).unwrap();
+        }
+        assert!(flushed(&roomy) > 0, "written once the reserve allows");
+    }
+
+    #[test]
     fn a_damaged_record_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let file = ValueFile::new(dir.path());
+        let file = ValueFile::new(dir.path(), 0);
         let v = value(1, 100);
         let (_, off) = file.store(&v).unwrap();
         let seg = file.state.lock().current.as_ref().unwrap().file.clone();
@@ -430,7 +511,7 @@ mod tests {
     #[test]
     fn full_segments_are_sealed_and_mostly_garbage_ones_marked() {
         let dir = tempfile::tempdir().unwrap();
-        let file = ValueFile::new(dir.path());
+        let file = ValueFile::new(dir.path(), 0);
         let v = vec![7u8; 1 << 20];
         let mut kept = Vec::new();
         let mut dropped = Vec::new();
