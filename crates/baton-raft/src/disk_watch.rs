@@ -1,6 +1,7 @@
 //! The disk watch's tick on every member ([`DiskWatch`]): free space measured and judged (see
 //! `space`), the state's size compared with the backend quota, a stalled log writer poked, a
-//! snapshot that did not fit tried again, this member's `NOSPACE` alarm raised (for either
+//! snapshot that did not fit tried again, values the value file held in memory for lack of
+//! room written out once there is room, this member's `NOSPACE` alarm raised (for either
 //! cause) or cleared (for the disk's only) through the leader, and the size-based snapshot
 //! trigger.
 
@@ -115,6 +116,18 @@ impl DiskWatch {
             } else {
                 tracing::info!(free_bytes = ?free, "disk space available again: writes accepted");
             }
+        }
+        if let Some(values) = &shared.values {
+            let mut held = values.held_bytes();
+            if held > 0 && !low {
+                // Room again: what the value file kept in memory goes out (a restart on a
+                // nearly full disk holds every value there). Blocking: off the runtime.
+                let values = values.clone();
+                held = tokio::task::spawn_blocking(move || values.write_held())
+                    .await
+                    .unwrap_or(held);
+            }
+            metrics::gauge!("baton_value_file_held_bytes").set(held as f64);
         }
         let over = self.judge_quota(false);
         self.update_alarm(low, over);

@@ -35,6 +35,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use baton_core::value::{Segment, SegmentRead, ValueSpill, MAX_SEGMENT_OFFSET};
@@ -79,6 +80,8 @@ struct Current {
 
 struct Sealed {
     segment: Weak<Segment>,
+    /// Its file, to write out records a failed seal left in memory ([`ValueFile::write_held`]).
+    file: Weak<SegmentFile>,
     bytes: u64,
     /// `passes` when this segment was marked for evacuation.
     marked_at_pass: Option<u64>,
@@ -97,7 +100,7 @@ impl ValueFile {
             dir: dir.to_path_buf(),
             keep_free: Arc::new(KeepFree {
                 dir: dir.to_path_buf(),
-                bytes: reserve_bytes,
+                bytes: AtomicU64::new(reserve_bytes),
             }),
             state: Mutex::new(FileState {
                 current: None,
@@ -121,6 +124,43 @@ impl ValueFile {
         sealed + st.current.as_ref().map_or(0, |c| c.file.end())
     }
 
+    /// Bytes of records kept in memory because their write was refused (a full disk, or
+    /// the reserve), not yet written out.
+    pub(crate) fn held_bytes(&self) -> u64 {
+        self.files().iter().map(|f| f.held_bytes()).sum()
+    }
+
+    /// Writes out the records earlier writes left in memory, oldest segment first, and
+    /// returns the bytes still held. Called by the disk watch once space is no longer low:
+    /// otherwise records held back stayed in memory until the current segment's buffer
+    /// next filled (a sealed segment's, for its life) — after a restart on a nearly full
+    /// disk, every value of the store. Stops at the first refusal (the disk is still full).
+    /// Blocking: sealed segments are written without the registry's lock (they take no
+    /// appends), the current one under its buffer's, as any flush.
+    pub(crate) fn write_held(&self) -> u64 {
+        let files = self.files();
+        for file in &files {
+            if file.held_bytes() == 0 {
+                continue;
+            }
+            if let Err(e) = file.write_held() {
+                self.warn_write(&e);
+                break;
+            }
+        }
+        files.iter().map(|f| f.held_bytes()).sum()
+    }
+
+    /// The live segment files, sealed ones first (in the order they were sealed).
+    fn files(&self) -> Vec<Arc<SegmentFile>> {
+        let st = self.state.lock();
+        st.sealed
+            .iter()
+            .filter_map(|s| s.file.upgrade())
+            .chain(st.current.as_ref().map(|c| c.file.clone()))
+            .collect()
+    }
+
     fn open_segment(&self, st: &mut FileState) -> io::Result<Current> {
         let file = tempfile::tempfile_in(&self.dir)?;
         let id = st.next_id;
@@ -133,6 +173,8 @@ impl ValueFile {
                 bytes: Vec::with_capacity(FLUSH_AT + HEADER),
                 flushed: 0,
                 flush_at: FLUSH_AT,
+                held_back: false,
+                sealed: false,
             }),
         });
         let segment = Arc::new(Segment::new(Box::new(Reader(file.clone()))));
@@ -230,6 +272,7 @@ impl ValueFile {
         st.sealed.retain(|s| s.segment.strong_count() > 0);
         st.sealed.push(Sealed {
             segment: Arc::downgrade(&cur.segment),
+            file: Arc::downgrade(&cur.file),
             bytes: cur.file.end(),
             marked_at_pass: None,
             settled: false,
@@ -247,7 +290,8 @@ impl ValueFile {
 struct KeepFree {
     /// Where to measure (the data directory).
     dir: PathBuf,
-    bytes: u64,
+    /// The reserve (an atomic only so tests can give a file system room again).
+    bytes: AtomicU64,
 }
 
 impl KeepFree {
@@ -255,20 +299,21 @@ impl KeepFree {
     /// them, so the caller keeps them in memory) when they would leave less than the
     /// reserve free. A failed measurement does not refuse: the write itself then tells.
     fn allow(&self, len: usize) -> io::Result<()> {
-        if self.bytes == 0 {
+        let reserve = self.bytes.load(Ordering::Relaxed);
+        if reserve == 0 {
             return Ok(());
         }
         let Ok(free) = space::free_bytes(&self.dir) else {
             return Ok(());
         };
-        if free < self.bytes.saturating_add(len as u64) {
+        if free < reserve.saturating_add(len as u64) {
             return Err(io::Error::new(
                 io::ErrorKind::StorageFull,
                 format!(
                     "writing {len} bytes would leave less than the disk reserve free \
                      ({free} bytes free, reserve {} bytes, --disk-reserve-bytes): the reserve \
                      is kept for the raft log",
-                    self.bytes
+                    reserve
                 ),
             ));
         }
@@ -293,6 +338,10 @@ struct Pending {
     /// what it held when a write failed (retrying the whole buffer at every append would
     /// cost a write of a growing buffer per value while the disk stays full).
     flush_at: usize,
+    /// The last write of the buffer was refused: its records are held in memory.
+    held_back: bool,
+    /// No record is appended any more (see [`SegmentFile::seal`]).
+    sealed: bool,
 }
 
 impl SegmentFile {
@@ -320,8 +369,33 @@ impl SegmentFile {
     /// Writes the buffer out and gives its memory back: no record is appended any more.
     fn seal(&self) -> io::Result<()> {
         let mut p = self.pending.lock();
+        p.sealed = true;
         self.write_out(&mut p)?;
         p.bytes = Vec::new();
+        Ok(())
+    }
+
+    /// Bytes of records held in memory by a refused write.
+    fn held_bytes(&self) -> u64 {
+        let p = self.pending.lock();
+        if p.held_back {
+            p.bytes.len() as u64
+        } else {
+            0
+        }
+    }
+
+    /// Writes out records a refused write left in memory (a sealed segment's memory is
+    /// given back, as [`SegmentFile::seal`] does).
+    fn write_held(&self) -> io::Result<()> {
+        let mut p = self.pending.lock();
+        if !p.held_back {
+            return Ok(());
+        }
+        self.write_out(&mut p)?;
+        if p.sealed {
+            p.bytes = Vec::new();
+        }
         Ok(())
     }
 
@@ -335,9 +409,11 @@ impl SegmentFile {
             .and_then(|()| self.file.write_all_at(&p.bytes, p.flushed));
         if let Err(e) = written {
             p.flush_at = p.bytes.len().saturating_mul(2);
+            p.held_back = true;
             return Err(e);
         }
         p.flush_at = FLUSH_AT;
+        p.held_back = false;
         p.flushed += p.bytes.len() as u64;
         p.bytes.clear();
         // A buffer that grew while writes failed goes back to its usual size.
@@ -480,15 +556,42 @@ mod tests {
             flushed
         };
         assert_eq!(flushed(&file), 0, "nothing written into the reserve");
-        for (seg, off, v) in &handles {
+        let held = file.held_bytes();
+        assert!(held > FLUSH_AT as u64, "held in memory: {held}");
+        // Sealed while the disk is "full": that segment's records stay in memory too.
+        file.start_segment();
+        let more: Vec<_> = (2000..2300u32)
+            .map(|i| {
+                let v = value(i, 1000);
+                let (seg, off) = file.store(&v).unwrap();
+                (seg, off, v)
+            })
+            .collect();
+        assert_eq!(file.write_held(), file.held_bytes(), "still refused");
+        assert!(file.held_bytes() >= held);
+        for (seg, off, v) in handles.iter().chain(&more) {
             assert_eq!(&seg.read(*off, v.len()), v, "read back from memory");
         }
-        // The same values with the reserve lifted (a disk with room) are written out.
-        let roomy = ValueFile::new(dir.path(), 1);
-        for (_, _, v) in &handles {
-            roomy.store(v).unwrap();
+        // Room again: everything held is written out (the sealed segment's memory given
+        // back) and reads back from the files.
+        file.keep_free.bytes.store(1, Ordering::Relaxed);
+        assert_eq!(file.write_held(), 0);
+        assert_eq!(file.held_bytes(), 0);
+        let files = file.files();
+        assert_eq!(files.len(), 2, "the sealed segment and the current one");
+        {
+            let p = files[0].pending.lock();
+            assert_eq!(
+                (p.bytes.capacity(), p.held_back),
+                (0, false),
+                "memory given back"
+            );
+            assert!(p.flushed > 0);
         }
-        assert!(flushed(&roomy) > 0, "written once the reserve allows");
+        assert!(flushed(&file) > 0, "the current segment's records written");
+        for (seg, off, v) in handles.iter().chain(&more) {
+            assert_eq!(&seg.read(*off, v.len()), v, "read back from the files");
+        }
     }
 
     #[test]

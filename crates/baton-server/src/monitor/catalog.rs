@@ -107,6 +107,7 @@ pub(crate) const FAMILIES: &[(&str, Kind, &str)] = &[
     ("baton_db_size_bytes", Gauge, "Bytes the Raft log and snapshot take on disk."),
     ("baton_db_size_in_use_bytes", Gauge, "Bytes the applied state holds."),
     ("baton_value_file_bytes", Gauge, "Bytes of the scratch files the key store keeps values in, out of memory (live values and garbage not yet evacuated)."),
+    ("baton_value_file_held_bytes", Gauge, "Bytes of values the value file holds in memory because the disk had no room for them (full, or free space at the disk reserve, --disk-reserve-bytes, which is kept for the raft log); written out once there is room."),
     ("baton_mvcc_revision", Gauge, "The store's current revision."),
     ("baton_mvcc_compact_revision", Gauge, "The revision of the last compaction."),
     ("baton_mvcc_keys", Gauge, "Live keys."),
