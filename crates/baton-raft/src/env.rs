@@ -15,7 +15,7 @@
 //!   they are reproducible (the election timeout becomes a fixed per-member value drawn from
 //!   the seed instead of openraft's own `thread_rng` draw).
 //! - **disk**: the log writer writes its files through [`LogDisk`] and [`LogFile`]; the real
-//!   ones are files with fallocate(2) and fdatasync(2) (`wal/disk.rs`). An injected disk sits
+//!   ones are files allocated ahead with zeros and synced with fdatasync(2) (`wal/disk.rs`). An injected disk sits
 //!   *below* the real writer, so everything above it — the inline path on the Raft core
 //!   task, group commit, the ENOSPC backlog — is the code production runs. It models
 //!   durability (a simulated crash drops what was written but not synced) and can be slow.
@@ -157,9 +157,9 @@ pub trait LogDisk: Send + Sync + 'static {
 pub trait LogFile: Send + 'static {
     /// The file's length, space allocated ahead included.
     fn file_len(&self) -> io::Result<u64>;
-    /// Allocates `[offset, offset + len)` (fallocate(2)); the new space reads as zeros and is
-    /// made durable by the next [`LogFile::sync`]. `EOPNOTSUPP`/`ENOSYS` mean the file
-    /// system cannot, `ENOSPC` that it is full.
+    /// Allocates `[offset, offset + len)`; the new space reads as zeros and is made durable
+    /// by the next [`LogFile::sync`]. `EOPNOTSUPP`/`ENOSYS` mean the disk cannot,
+    /// `ENOSPC` that it is full.
     fn allocate(&mut self, offset: u64, len: u64) -> io::Result<()>;
     /// Writes all of `buf` at `offset`.
     fn write_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()>;

@@ -32,11 +32,12 @@ use crate::files;
 use crate::space;
 use crate::types::TypeConfig;
 
-/// Log files grow in steps of this size, allocated ahead with fallocate(2). An fdatasync
-/// after an append that grows the file must also make the new file size durable (a journal
-/// commit); within allocated space it flushes only the data. Measured on this project's
-/// machine (ext4): 0.18 ms per append + fdatasync growing the file, 0.11 ms within allocated
-/// space — and that fsync is the floor under every acknowledged write.
+/// Log files grow in steps of this size, allocated ahead by writing zeros (`wal/disk.rs`
+/// says why not fallocate). An fdatasync after an append that grows the file must also make
+/// the new file size and its blocks durable; within allocated space it flushes only the
+/// data. Measured on this project's machine (ext4): 0.18 ms per append + fdatasync growing
+/// the file, 0.11 ms within allocated space — and that fsync is the floor under every
+/// acknowledged write.
 pub(super) const PREALLOCATE_BYTES: u64 = 1 << 20;
 
 /// Counters shared by the writer, the hand-off and the node (for `status()` and tests).
@@ -116,8 +117,8 @@ pub(super) struct Writer {
     /// Where the next record goes: the end of the valid log (the file may extend further,
     /// zero-filled, up to `allocated`).
     pub(super) pos: u64,
-    /// The file's length, preallocated space included; `u64::MAX` once the filesystem has
-    /// refused fallocate (the file then just grows with each write).
+    /// The file's length, preallocated space included; `u64::MAX` once the disk has said it
+    /// cannot allocate ahead (`EOPNOTSUPP`; the file then just grows with each write).
     pub(super) allocated: u64,
     /// Bytes written since the last fsync.
     pub(super) dirty: bool,
@@ -286,7 +287,7 @@ impl Writer {
         }
         // A failed fsync stays fatal, ENOSPC or not: after it the page cache no longer
         // tells what is on disk (see `failed`). Writes go to preallocated space, so a full
-        // file system shows up at fallocate, above, not here.
+        // file system shows up at the allocation, above, not here.
         let res = self.check().and_then(|()| {
             if need_sync && self.dirty {
                 self.fsync()
@@ -360,7 +361,7 @@ impl Writer {
         match e.raw_os_error() {
             // Not supported here (some filesystems): fall back to growing with each write.
             Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => {
-                tracing::info!(error = %e, "fallocate unsupported; the raft log grows per write");
+                tracing::info!(error = %e, "allocating ahead unsupported; the raft log grows per write");
                 self.allocated = u64::MAX;
                 Ok(())
             }
