@@ -542,13 +542,15 @@ mod tests {
         let free = space::free_bytes(dir.path()).unwrap();
         // A reserve above what the file system has free: nothing may be written.
         let file = ValueFile::new(dir.path(), free + (1 << 30));
-        let handles: Vec<_> = (0..2000u32)
-            .map(|i| {
+        let store = |ids: std::ops::Range<u32>| -> Vec<_> {
+            ids.map(|i| {
                 let v = value(i, 1000);
                 let (seg, off) = file.store(&v).unwrap();
                 (seg, off, v)
             })
-            .collect();
+            .collect()
+        };
+        let handles = store(0..2000);
         let flushed = |file: &ValueFile| {
             let st = file.state.lock();
             let cur = st.current.as_ref().unwrap();
@@ -560,13 +562,7 @@ mod tests {
         assert!(held > FLUSH_AT as u64, "held in memory: {held}");
         // Sealed while the disk is "full": that segment's records stay in memory too.
         file.start_segment();
-        let more: Vec<_> = (2000..2300u32)
-            .map(|i| {
-                let v = value(i, 1000);
-                let (seg, off) = file.store(&v).unwrap();
-                (seg, off, v)
-            })
-            .collect();
+        let more = store(2000..2300);
         assert_eq!(file.write_held(), file.held_bytes(), "still refused");
         assert!(file.held_bytes() >= held);
         for (seg, off, v) in handles.iter().chain(&more) {
