@@ -36,7 +36,7 @@ impl LogFile for RealFile {
     /// so every fdatasync after an append wrote the inode (and, once the file has more than
     /// four extents, an extent block) besides the data: three synchronous writes before the
     /// cache flush instead of one. Measured under `baton bench put` (100 clients, single
-    /// node, this machine's ext4): fdatasync 0.6–0.7 ms on average with fallocate. Space
+    /// node, this machine's ext4): fdatasync 0.3–0.7 ms on average with fallocate. Space
     /// that holds written zeros is overwritten in place: the fdatasync of an append writes
     /// the data blocks only. The zeros themselves are written once (buffered; the next
     /// fdatasync carries them and the new size), and a full file system refuses them at
