@@ -3,8 +3,10 @@
 //! space falls below the reserve. Then `NOSPACE` is listed, writes that add data are refused
 //! with etcd's message while reads, deletes and compaction are served, nothing acknowledged
 //! is lost across a kill -9 and a restart with little space left (which serves reads at
-//! once), and once space is freed (a filler file deleted) writes succeed again without a
-//! restart.
+//! once), a clean restart with less room than the values still elects (the value file
+//! leaves the reserve to the log and holds the rest in memory), and once space is freed (a
+//! filler file deleted) writes succeed again and the held values are written out, without
+//! a restart.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
