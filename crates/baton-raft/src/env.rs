@@ -158,8 +158,7 @@ pub trait LogFile: Send + 'static {
     /// The file's length, space allocated ahead included.
     fn file_len(&self) -> io::Result<u64>;
     /// Allocates `[offset, offset + len)`; the new space reads as zeros and is made durable
-    /// by the next [`LogFile::sync`]. `EOPNOTSUPP`/`ENOSYS` mean the disk cannot,
-    /// `ENOSPC` that it is full.
+    /// by the next [`LogFile::sync`]. `ENOSPC` means the disk is full.
     fn allocate(&mut self, offset: u64, len: u64) -> io::Result<()>;
     /// Writes all of `buf` at `offset`.
     fn write_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()>;

@@ -117,8 +117,7 @@ pub(super) struct Writer {
     /// Where the next record goes: the end of the valid log (the file may extend further,
     /// zero-filled, up to `allocated`).
     pub(super) pos: u64,
-    /// The file's length, preallocated space included; `u64::MAX` once the disk has said it
-    /// cannot allocate ahead (`EOPNOTSUPP`; the file then just grows with each write).
+    /// The file's length, preallocated space included.
     pub(super) allocated: u64,
     /// Bytes written since the last fsync.
     pub(super) dirty: bool,
@@ -358,15 +357,7 @@ impl Writer {
                 return Ok(());
             }
         }
-        match e.raw_os_error() {
-            // Not supported here (some filesystems): fall back to growing with each write.
-            Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => {
-                tracing::info!(error = %e, "allocating ahead unsupported; the raft log grows per write");
-                self.allocated = u64::MAX;
-                Ok(())
-            }
-            _ => Err(e),
-        }
+        Err(e)
     }
 
     fn fsync(&mut self) -> io::Result<()> {
@@ -400,9 +391,7 @@ impl Writer {
         self.file = self.disk.open(&path, bytes.len() as u64)?;
         self.generation = generation;
         self.pos = bytes.len() as u64;
-        if self.allocated != u64::MAX {
-            self.allocated = self.pos;
-        }
+        self.allocated = self.pos;
         self.dirty = false;
         self.stats
             .file_bytes
