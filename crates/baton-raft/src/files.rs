@@ -3,7 +3,7 @@
 //! bit-flipped file is detected on start instead of being believed.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -62,9 +62,11 @@ pub(crate) fn write_atomic_parts(path: &Path, parts: &[&[u8]]) -> io::Result<()>
 /// [`write_atomic`] of what `fill` writes (through a buffer), for contents made as they are
 /// written. `fill` is given the buffered file itself, which it may seek in (a snapshot fills
 /// in its header once the rest is written); it starts empty and at its start.
+///
+/// The file is written out as it is filled ([`PacedFile`]), not all at the closing fsync.
 pub(crate) fn write_atomic_with(
     path: &Path,
-    fill: &mut dyn FnMut(&mut io::BufWriter<File>) -> io::Result<()>,
+    fill: &mut dyn FnMut(&mut io::BufWriter<PacedFile>) -> io::Result<()>,
 ) -> io::Result<()> {
     let tmp = tmp_path(path);
     let written = (|| {
@@ -73,9 +75,9 @@ pub(crate) fn write_atomic_with(
             .create(true)
             .truncate(true)
             .open(&tmp)?;
-        let mut w = io::BufWriter::with_capacity(1 << 20, f);
+        let mut w = io::BufWriter::with_capacity(1 << 20, PacedFile::new(f));
         fill(&mut w)?;
-        w.into_inner().map_err(|e| e.into_error())?.sync_all()
+        w.into_inner().map_err(|e| e.into_error())?.file.sync_all()
     })();
     if let Err(e) = written {
         let _ = fs::remove_file(&tmp);
@@ -253,6 +255,109 @@ pub(crate) fn decode_member(bytes: &[u8]) -> Result<MemberMeta, String> {
     })
 }
 
+/// How much of a file being written may wait in the page cache before [`PacedFile`] starts
+/// writing it out.
+const PACE_BYTES: u64 = 1 << 20;
+
+/// A file written out to the disk as it is written, [`PACE_BYTES`] at a time, with at most
+/// two such pieces on their way to the disk (RocksDB's `bytes_per_sync`).
+///
+/// Why: a snapshot (tens to hundreds of megabytes) written to the page cache and then
+/// fsynced whole puts all of it in the disk's queue at once, in front of the raft log's
+/// fsyncs, which every write waits for. Measured on this project's 2-core VM (3 members,
+/// put with 100 clients, three snapshots per member in the 9 s): a build that took no
+/// snapshot had ~10 % more throughput and half the p99 (5.2 vs 9.5 ms). Paced, p99 was
+/// 8.5–9.8 ms against 9.5–10.7 in four alternating pairs, throughput within the noise:
+/// the disk still writes every byte (what helps throughput is fewer snapshots, see
+/// `limits::SNAPSHOT_LOG_MIN_BYTES`), but the log's fsyncs wait behind at most two pieces
+/// and a snapshot no longer leaves its whole size dirty in the page cache. It does not make
+/// the snapshot durable — the closing fsync does that — it only decides when bytes travel.
+pub(crate) struct PacedFile {
+    file: File,
+    /// Where the next write lands.
+    pos: u64,
+    /// Bytes before this offset were handed to the disk (`SYNC_FILE_RANGE_WRITE`) ...
+    started: u64,
+    /// ... and those before this one have reached it.
+    waited: u64,
+}
+
+impl PacedFile {
+    fn new(file: File) -> Self {
+        PacedFile {
+            file,
+            pos: 0,
+            started: 0,
+            waited: 0,
+        }
+    }
+
+    /// Waits for the piece handed out last, then hands out what was written since.
+    fn pace(&mut self) -> io::Result<()> {
+        if self.pos < self.started.saturating_add(PACE_BYTES) {
+            return Ok(());
+        }
+        if self.started > self.waited {
+            let wait = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                | libc::SYNC_FILE_RANGE_WRITE
+                | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+            sync_file_range(&self.file, self.waited, self.started - self.waited, wait)?;
+            self.waited = self.started;
+        }
+        sync_file_range(
+            &self.file,
+            self.started,
+            self.pos - self.started,
+            libc::SYNC_FILE_RANGE_WRITE,
+        )?;
+        self.started = self.pos;
+        Ok(())
+    }
+}
+
+/// `sync_file_range(2)`; a file system that does not support it is simply not paced.
+fn sync_file_range(file: &File, offset: u64, len: u64, flags: libc::c_uint) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return Ok(());
+    };
+    // SAFETY: the descriptor is open for the duration of the call (borrowed from `file`);
+    // the call reads no memory of ours.
+    let rc = unsafe { libc::sync_file_range(file.as_raw_fd(), offset, len, flags) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EINVAL | libc::ENOSYS | libc::ESPIPE | libc::EOPNOTSUPP) => Ok(()),
+        _ => Err(e),
+    }
+}
+
+impl Write for PacedFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        // A piece at a time, so one big slice (a whole encoded state) is paced too.
+        let piece = buf.len().min(PACE_BYTES as usize);
+        let n = self.file.write(&buf[..piece])?;
+        self.pos += n as u64;
+        self.pace()?;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.flush()
+    }
+}
+
+impl Seek for PacedFile {
+    /// A seek back (a header filled in at the end) rewrites bytes the closing fsync
+    /// covers; pacing resumes once writes pass the piece handed out last.
+    fn seek(&mut self, pos: SeekFrom) -> io::Result<u64> {
+        self.pos = self.file.seek(pos)?;
+        Ok(self.pos)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,5 +386,35 @@ mod tests {
         assert!(decode_framed(VOTE_MAGIC, &bad).is_err());
         assert!(decode_framed(MEMBER_MAGIC, &f).is_err());
         assert!(decode_framed(VOTE_MAGIC, &f[..f.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn a_paced_file_hands_its_bytes_out_as_it_goes_and_keeps_them_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big");
+        let body: Vec<u8> = (0..(5u64 << 20)).map(|i| (i % 251) as u8).collect();
+        let mut seen = (0, 0);
+        write_atomic_with(&path, &mut |w| {
+            w.write_all(&[0u8; 8])?;
+            // One slice of 5 MiB: paced a piece at a time all the same.
+            w.write_all(&body)?;
+            w.flush()?;
+            let f = w.get_ref();
+            seen = (f.started, f.waited);
+            // A header filled in at the end, as a snapshot does.
+            w.seek(SeekFrom::Start(0))?;
+            w.write_all(b"HEADER!!")
+        })
+        .unwrap();
+        let (started, waited) = seen;
+        assert!(started >= 4 << 20, "handed out only {started} bytes");
+        assert!(
+            waited >= 3 << 20 && waited <= started,
+            "waited for {waited}"
+        );
+        let read = fs::read(&path).unwrap();
+        assert_eq!(&read[..8], b"HEADER!!");
+        assert!(read[8..] == body[..], "the content changed");
+        assert!(!tmp_path(&path).exists());
     }
 }

@@ -45,4 +45,14 @@ pub(crate) const MAX_CHECKPOINTS_PER_ENTRY: usize = 1000;
 /// entries no longer stay in memory — see `wal/index.rs` — so this bounds the log file and a
 /// restart's re-apply.) Growing the bound with the snapshot keeps the cost amortized: the
 /// snapshots written never add up to more than about twice the log written.
-pub(crate) const SNAPSHOT_LOG_MIN_BYTES: u64 = 16 << 20;
+///
+/// Why 64 MiB (16 before): a snapshot rewrites the whole state, and under load its bytes
+/// share the disk with the log's fsyncs. For a state smaller than the bound — the usual
+/// coordination store — the bound alone sets how often that happens. 64 MiB is about 200k
+/// puts of 256 B, the order of etcd 3.4's own snapshot interval (`--snapshot-count`
+/// 100 000 entries, one request each); a restart re-applies at most that much (measured:
+/// 191k puts, 56 MB of log, no snapshot: kill -9 → first write after restart in 1.07 s).
+/// Measured (3 members, put with 100 clients, 9 s from an empty store, three alternating
+/// pairs): one snapshot per member instead of three, throughput +5.6 % (34.2k vs 32.4k
+/// ops/s), p99 6.4–7.7 ms against 8.6–9.1.
+pub(crate) const SNAPSHOT_LOG_MIN_BYTES: u64 = 64 << 20;
