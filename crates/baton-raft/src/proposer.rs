@@ -10,7 +10,10 @@
 //!
 //! One batch is in flight at a time: the task awaits each batch's outcome and hands the
 //! results out before it takes the next. One maximizes batching; Raft processes entries one at
-//! a time anyway.
+//! a time anyway. Measured (2026-12-06, 3 members, put with 100 clients, alternating runs):
+//! with up to 2 batches in flight 30.0k/30.3k ops/s, 4 in flight 28.6k/28.1k, against
+//! 34.4k/32.0k with one — more batches in flight are smaller batches and more fsyncs, and
+//! the fsync is what bounds that load (about a third of both cores sat idle).
 //!
 //! The same task is also the only place that stamps time, so stamps enter the log in order and
 //! `Entry::time_ms` never goes backwards.
