@@ -74,6 +74,49 @@ impl Node {
         res
     }
 
+    /// [`Node::propose`] for a client's write whose answer is everything the client gets
+    /// from it (a put, a delete, a transaction): on a follower it returns as soon as the
+    /// leader's answer is here (the leader applied the write), without waiting for this
+    /// member's own apply of it, which it owes instead — every client request this member
+    /// serves from then on first waits for it ([`Node::caught_up`]). The client's next
+    /// request here sees its write, as after [`Node::propose`]; the answer does not wait the
+    /// commit notice's trip through this member's Raft core and apply (measured, 3 members,
+    /// put with 1 client through a follower: 3.95k → 4.37k ops/s, p50 0.214 → 0.190 ms).
+    /// A caller that reads this member's state itself after proposing (the lock engine)
+    /// uses [`Node::propose`].
+    pub async fn propose_owing_apply(&self, command: Command) -> Result<Proposed, ProposeError> {
+        origin::client_may_propose(&command).map_err(ProposeError::LeaderOnly)?;
+        let observed = &self.parts.replica.observed;
+        let _pending = observed.proposal();
+        let res = self.parts.router.propose_owing_apply(command).await;
+        if let Err(e) = &res {
+            observed.proposal_failed(e);
+        }
+        res
+    }
+
+    /// Whether this member still owes the apply of a write it has answered
+    /// ([`Node::caught_up`] would wait).
+    pub fn owes_apply(&self) -> bool {
+        self.parts.replica.shared.apply_owed().is_some()
+    }
+
+    /// Waits until this member has applied every write it has answered
+    /// ([`Node::propose_owing_apply`]); at once when it owes none, the usual case. Every
+    /// client request (and every watch created on a running stream) waits here before it is
+    /// served. `Timeout` if the apply does not come within the request timeout: nothing is
+    /// then served from a state that lacks a write already answered.
+    pub async fn caught_up(&self) -> Result<(), ProposeError> {
+        let replica = &self.parts.replica;
+        let Some(owed) = replica.shared.apply_owed() else {
+            return Ok(());
+        };
+        cached_counter!("baton_owed_apply_waits_total").increment(1);
+        replica
+            .wait_applied(owed, Instant::now() + REQUEST_TIMEOUT)
+            .await
+    }
+
     /// Returns once this replica has applied everything committed before the call and the
     /// leader has confirmed its leadership with a quorum (ReadIndex): reads after it are
     /// linearizable. On a follower the leader is asked for the read index over the peer

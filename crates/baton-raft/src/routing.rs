@@ -161,6 +161,23 @@ impl Router {
     /// watchers have seen it). No origin check: `Node::propose` makes it for clients, and
     /// this member's own requests of the leader (its `NOSPACE` alarm) come here directly.
     pub(crate) async fn propose(&self, command: Command) -> Result<Proposed, ProposeError> {
+        self.propose_then(command, LocalApply::Wait).await
+    }
+
+    /// [`Router::propose`], except that a write forwarded to the leader returns as soon as
+    /// the leader's answer is here, its local apply being owed (`LocalApply::Owe`).
+    pub(crate) async fn propose_owing_apply(
+        &self,
+        command: Command,
+    ) -> Result<Proposed, ProposeError> {
+        self.propose_then(command, LocalApply::Owe).await
+    }
+
+    async fn propose_then(
+        &self,
+        command: Command,
+        local: LocalApply,
+    ) -> Result<Proposed, ProposeError> {
         let replica = &self.replica;
         replica.refuse_without_space(&command)?;
         let deadline = Instant::now() + REQUEST_TIMEOUT;
@@ -180,8 +197,14 @@ impl Router {
         match routed {
             Routed::Local(ProposeCall(command)) => replica.propose(command).await,
             Routed::Remote(p) => {
-                // Committed: a slow local apply does not make it fail, only later visible.
-                let _ = replica.wait_applied(p.raft_index, deadline).await;
+                match local {
+                    // Committed: a slow local apply does not make it fail, only later visible.
+                    LocalApply::Wait => {
+                        let _ = replica.wait_applied(p.raft_index, deadline).await;
+                    }
+                    // Owed before the answer leaves: the next request here waits for it.
+                    LocalApply::Owe => replica.shared.owe_apply(p.raft_index),
+                }
                 Ok(Proposed {
                     applied: Applied {
                         revision: p.revision,
@@ -196,6 +219,16 @@ impl Router {
             }
         }
     }
+}
+
+/// What a write forwarded to the leader waits for once the leader has answered it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LocalApply {
+    /// This member's own apply of it (the caller reads this member's state next).
+    Wait,
+    /// Nothing: the leader applied it, and the answer carries everything the caller gets.
+    /// This member owes its apply to the requests it serves next (`Shared::owe_apply`).
+    Owe,
 }
 
 /// A leader answered with the wrong kind of response: a bug, or two different Baton builds

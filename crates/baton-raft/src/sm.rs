@@ -72,6 +72,13 @@ pub(crate) struct Shared {
     /// and a write forwarded by this member, or a read waiting for its read index, waits
     /// for this member's apply, not for openraft's bookkeeping of it.
     pub(crate) applied_tx: watch::Sender<u64>,
+    /// The highest Raft index of a write this member answered before applying it (a write
+    /// forwarded to the leader, answered from the leader's apply: `Node::propose_owing_apply`).
+    /// Every client request served here afterwards first waits until `applied_tx` reaches
+    /// it (`Node::caught_up`), so whatever a client learns from this member includes every
+    /// write this member has already answered: read-your-writes, for that client and every
+    /// other, as if the answer had waited for the apply.
+    owed_apply: AtomicU64,
     /// Older Batons' `.snap` files (removed once a `db` is written).
     snap_dir: PathBuf,
     /// `member/snap/db`: where snapshots are written.
@@ -118,6 +125,7 @@ impl Shared {
             leases: Mutex::new(LeaseClock::default()),
             revision_tx,
             applied_tx,
+            owed_apply: AtomicU64::new(0),
             snap_dir,
             db_path,
             kv_changed_at_start: None,
@@ -130,6 +138,20 @@ impl Shared {
             installing_snapshot: AtomicBool::new(false),
             values,
         }
+    }
+
+    /// Records that a write at Raft index `index`, not yet applied here, is being answered
+    /// (`owed_apply`). Called before the answer leaves: a request that follows the answer
+    /// finds it.
+    pub(crate) fn owe_apply(&self, index: u64) {
+        self.owed_apply.fetch_max(index, Ordering::SeqCst);
+    }
+
+    /// The index this member must have applied before it serves another client request:
+    /// `Some` while it has not yet (`owed_apply` above `applied_tx`).
+    pub(crate) fn apply_owed(&self) -> Option<u64> {
+        let owed = self.owed_apply.load(Ordering::SeqCst);
+        (owed > *self.applied_tx.borrow()).then_some(owed)
     }
 
     /// Measures the free space of the data directory's file system now.

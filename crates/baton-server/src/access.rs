@@ -41,18 +41,37 @@ impl Shared {
     /// the caller may not (no log entry), else wrapped in `Command::Authorized` so `apply`
     /// checks again against the auth store as it is then.
     pub async fn propose_as(&self, caller: &Caller, command: Command) -> Result<Proposed, Status> {
+        let command = self.authorized(caller, command)?;
+        self.propose(command).await
+    }
+
+    /// [`Self::propose_as`] for a write whose answer is all the caller gets from it: on a
+    /// follower, answered from the leader's apply (`baton_raft::Node::propose_owing_apply`).
+    pub async fn propose_owing_apply_as(
+        &self,
+        caller: &Caller,
+        command: Command,
+    ) -> Result<Proposed, Status> {
+        let command = self.authorized(caller, command)?;
+        self.node
+            .propose_owing_apply(command)
+            .await
+            .map_err(|e| crate::errors::propose_status(&e))
+    }
+
+    /// `command` as `caller` may propose it (see [`Self::propose_as`]).
+    fn authorized(&self, caller: &Caller, command: Command) -> Result<Command, Status> {
         let enabled = self.node.read(|sm| {
             sm.auth_precheck(caller.as_ref(), &command)
                 .map(|()| sm.auth_enabled())
         });
-        let command = match (enabled.map_err(auth_status)?, caller) {
+        Ok(match (enabled.map_err(auth_status)?, caller) {
             (true, Some(auth)) => Command::Authorized {
                 auth: auth.clone(),
                 command: Box::new(command),
             },
             _ => command,
-        };
-        self.propose(command).await
+        })
     }
 
     /// `perm` on `[key, range_end)` for `caller` (etcd's range conventions).

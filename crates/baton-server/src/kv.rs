@@ -34,7 +34,9 @@ impl KvService {
         command: Command,
     ) -> Result<(Response, pb::ResponseHeader), Status> {
         StateMachine::validate(&command).map_err(|e| kv_status(&e))?;
-        let proposed = self.shared.propose_as(caller, command).await?;
+        // The answer (the leader's response, revision and term) is all a put, delete or
+        // transaction returns: nothing here reads this member's state after it.
+        let proposed = self.shared.propose_owing_apply_as(caller, command).await?;
         let header = self
             .shared
             .header_at(proposed.applied.revision.0, proposed.raft_term);

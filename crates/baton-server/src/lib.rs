@@ -21,6 +21,7 @@ pub mod auth_service;
 pub mod authority;
 pub mod baton_v1;
 mod call_session;
+pub mod caught_up_layer;
 mod client_verifier;
 pub mod cluster;
 pub mod compactor;
@@ -98,6 +99,9 @@ pub async fn serve_with_locks(
         .layer(protocol::ProtocolSplitLayer::new(http))
         .layer(metrics_layer::GrpcMetricsLayer)
         .layer(learner_layer::LearnerGuardLayer {
+            node: shared.node.clone(),
+        })
+        .layer(caught_up_layer::CaughtUpLayer {
             node: shared.node.clone(),
         })
         .layer(recv_limit_layer::RecvLimitLayer)
@@ -182,12 +186,19 @@ async fn bind(listener: &conn::ClientListener) -> Result<transport::Incoming, Se
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The layers [`grpc_router`] stacks around the services: metrics outermost (it counts
-/// the codes clients see), then the learner guard, then the receive-limit rewrite.
+/// the codes clients see), then the learner guard, then the wait for writes this member
+/// answered before applying them, then the receive-limit rewrite.
 pub type GrpcLayers = tower::layer::util::Stack<
     recv_limit_layer::RecvLimitLayer,
     tower::layer::util::Stack<
-        learner_layer::LearnerGuardLayer,
-        tower::layer::util::Stack<metrics_layer::GrpcMetricsLayer, tower::layer::util::Identity>,
+        caught_up_layer::CaughtUpLayer,
+        tower::layer::util::Stack<
+            learner_layer::LearnerGuardLayer,
+            tower::layer::util::Stack<
+                metrics_layer::GrpcMetricsLayer,
+                tower::layer::util::Identity,
+            >,
+        >,
     >,
 >;
 
@@ -205,6 +216,9 @@ pub fn grpc_router(
     .layer(learner_layer::LearnerGuardLayer {
         node: shared.node.clone(),
     })
+    .layer(caught_up_layer::CaughtUpLayer {
+        node: shared.node.clone(),
+    })
     .layer(recv_limit_layer::RecvLimitLayer)
     .add_routes(grpc_routes(shared, locks))
 }
@@ -217,6 +231,9 @@ fn gateway_stack(shared: &Shared, routes: tonic::service::Routes) -> gateway::Gr
         .map_request(|request: ::http::Request<tonic::body::Body>| request)
         .layer(metrics_layer::GrpcMetricsLayer)
         .layer(learner_layer::LearnerGuardLayer {
+            node: shared.node.clone(),
+        })
+        .layer(caught_up_layer::CaughtUpLayer {
             node: shared.node.clone(),
         })
         .layer(recv_limit_layer::RecvLimitLayer)

@@ -81,7 +81,8 @@ impl pb::lock_server::Lock for V3LockService {
         });
         baton_core::StateMachine::validate(&command).map_err(|e| kv_status(&e))?;
         let shared = self.engine.shared();
-        let p = shared.propose_as(&caller, command).await?;
+        // Like a KV delete, answered from the leader's apply on a follower.
+        let p = shared.propose_owing_apply_as(&caller, command).await?;
         match p.applied.response {
             Response::DeleteRange(_) => Ok(tonic::Response::new(pb::UnlockResponse {
                 header: Some(shared.header_at(p.applied.revision.0, p.raft_term)),

@@ -218,7 +218,15 @@ impl Session {
     async fn handle(&mut self, req: pb::WatchRequest) -> Result<(), Gone> {
         use pb::watch_request::RequestUnion;
         match req.request_union {
-            Some(RequestUnion::CreateRequest(c)) => self.create(c).await,
+            Some(RequestUnion::CreateRequest(c)) => {
+                // A watch from "now" starts after every write this member has answered
+                // (`caught_up_layer`: the stream's own call waited only at its start).
+                if let Err(e) = self.shared.node.caught_up().await {
+                    let status = crate::errors::propose_status(&e);
+                    return self.refuse_create(go_status_text(&status)).await;
+                }
+                self.create(c).await
+            }
             Some(RequestUnion::CancelRequest(c)) => {
                 if let Some(w) = self.watchers.remove(&c.watch_id) {
                     self.shared
@@ -236,6 +244,10 @@ impl Session {
                 Ok(())
             }
             Some(RequestUnion::ProgressRequest(_)) => {
+                // Its revision covers every write this member has answered (a client that
+                // wrote here and asks for progress may wait for one at its write's
+                // revision); without the apply in time it still goes, at a lower one.
+                let _ = self.shared.node.caught_up().await;
                 self.progress_pending = true;
                 Ok(())
             }

@@ -97,6 +97,7 @@ pub(crate) const FAMILIES: &[(&str, Kind, &str)] = &[
     ("baton_proposals_refused_total", Counter, "Proposals refused because the queue in front of Raft was full."),
     ("baton_forward_batch_size", Histogram, "Requests per ForwardBatch call a follower sent to the leader."),
     ("baton_forward_refused_total", Counter, "Requests a follower refused because its forwarding queue was full."),
+    ("baton_owed_apply_waits_total", Counter, "Client requests that waited for this member to apply a write it had already answered from the leader's apply (read-your-writes through a follower)."),
     ("baton_peer_refused_total", Counter, "Peer messages refused before acting on them, by reason."),
     ("baton_wal_fsync_seconds", Histogram, "Time of each fdatasync of the Raft log."),
     ("baton_wal_fsyncs_total", Counter, "fdatasyncs of the Raft log."),

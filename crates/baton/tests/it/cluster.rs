@@ -109,9 +109,28 @@ async fn three_members_serve_from_any_member() {
     let out = etcdctl_async(&eps[2], &["get", "k2", "--print-value-only"]).await;
     assert_eq!(out.stdout, "through-2\n", "{out:?}");
 
-    // A follower reads its own write even serializably (the write returns once applied
-    // there), and answers with a header that has its own member id.
+    // A follower reads its own write even serializably (the write is answered from the
+    // leader's apply, and the next request on the follower waits for its own apply), and
+    // answers with a header that has its own member id.
     let mut f = client(&eps[follower]).await;
+    for i in 0..300 {
+        let key = format!("ryw-{i}");
+        let put = f.put(key.as_str(), "v", None).await.unwrap();
+        let get = f
+            .get(key.as_str(), Some(GetOptions::new().with_serializable()))
+            .await
+            .unwrap();
+        // (Without the wait a debug build missed a put within the first 50 reads.)
+        assert_eq!(
+            get.kvs().len(),
+            1,
+            "put {i} not read back through the follower"
+        );
+        assert!(
+            get.header().unwrap().revision() >= put.header().unwrap().revision(),
+            "{i}"
+        );
+    }
     let put = f.put("own", "write", None).await.unwrap();
     let get = f
         .get("own", Some(GetOptions::new().with_serializable()))

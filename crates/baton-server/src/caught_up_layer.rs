@@ -1,0 +1,73 @@
+//! A tower layer that holds each client RPC until this member has applied every write it
+//! already answered (`baton_raft::Node::caught_up`).
+//!
+//! Why: on a follower a put, delete or transaction is answered as soon as the leader's
+//! answer is here (`Shared::propose_owing_apply_as`), before this member has applied it
+//! itself; what a client (this one or another) asks this member next must still find it —
+//! a serializable read, a watch from the current revision, the auth check of its next
+//! request. Holding the next request is what waiting before the answer did, minus the
+//! wait for a write nobody reads here. Nearly always nothing is owed: one atomic load and
+//! one watch read per call. Watches created on a stream that is already open wait in
+//! `watch.rs` (a stream is one call).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tower::{Layer, Service};
+
+/// See the module docs.
+#[derive(Clone)]
+pub struct CaughtUpLayer {
+    pub(crate) node: baton_raft::Node,
+}
+
+impl<S> Layer<S> for CaughtUpLayer {
+    type Service = CaughtUp<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        CaughtUp {
+            inner,
+            node: self.node.clone(),
+        }
+    }
+}
+
+/// The service [`CaughtUpLayer`] wraps around the router.
+#[derive(Clone)]
+pub struct CaughtUp<S> {
+    inner: S,
+    node: baton_raft::Node,
+}
+
+impl<S, B, RB> Service<http::Request<B>> for CaughtUp<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<RB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+    RB: Default + Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        if !self.node.owes_apply() {
+            return Box::pin(self.inner.call(req));
+        }
+        // The service that was made ready goes into the future; a fresh clone stays.
+        let fresh = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, fresh);
+        let node = self.node.clone();
+        Box::pin(async move {
+            if let Err(e) = node.caught_up().await {
+                return Ok(crate::errors::propose_status(&e).into_http());
+            }
+            inner.call(req).await
+        })
+    }
+}
