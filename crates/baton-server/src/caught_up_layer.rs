@@ -6,9 +6,10 @@
 //! itself; what a client (this one or another) asks this member next must still find it —
 //! a serializable read, a watch from the current revision, the auth check of its next
 //! request. Holding the next request is what waiting before the answer did, minus the
-//! wait for a write nobody reads here. Nearly always nothing is owed: one atomic load and
-//! one watch read per call. Watches created on a stream that is already open wait in
-//! `watch.rs` (a stream is one call).
+//! wait for a write nobody reads here. Writes served by the leader alone pass at once
+//! (`served_by_the_leader`). Nearly always nothing is owed: one atomic load and one watch
+//! read per call. Watches created on a stream that is already open wait in `watch.rs` (a
+//! stream is one call).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -40,6 +41,23 @@ pub struct CaughtUp<S> {
     node: baton_raft::Node,
 }
 
+/// The calls that need not wait: a write's effect and answer come from the leader's apply
+/// (a transaction's reads included: it is applied, not read here), and this member's
+/// state is read only after this call's own proposal is applied here, which comes after
+/// every write answered before it (the lock engine's enqueue). What they check here before
+/// proposing, the caller's permission, the leader checks again as it applies. A client
+/// writing in a loop through a follower thus never waits for the follower's apply.
+fn served_by_the_leader(path: &str) -> bool {
+    matches!(
+        path,
+        "/etcdserverpb.KV/Put"
+            | "/etcdserverpb.KV/DeleteRange"
+            | "/etcdserverpb.KV/Txn"
+            | "/v3lockpb.Lock/Lock"
+            | "/v3lockpb.Lock/Unlock"
+    )
+}
+
 impl<S, B, RB> Service<http::Request<B>> for CaughtUp<S>
 where
     S: Service<http::Request<B>, Response = http::Response<RB>> + Clone + Send + 'static,
@@ -56,7 +74,7 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        if !self.node.owes_apply() {
+        if !self.node.owes_apply() || served_by_the_leader(req.uri().path()) {
             return Box::pin(self.inner.call(req));
         }
         // The service that was made ready goes into the future; a fresh clone stays.
