@@ -23,7 +23,7 @@ use crate::origin;
 use crate::peer_server::Handlers;
 use crate::read_index::ReadIndex;
 use crate::replica::Replica;
-use crate::routing::Router;
+use crate::routing::{LocalApply, Router};
 use crate::status::{NodeStatus, WalWritePaths};
 use crate::transfer::{self, TransferError};
 
@@ -64,14 +64,7 @@ impl Node {
     /// duties (lease expiry, checkpoints) propose through the crate's internal entry point,
     /// and asking for one here is refused with [`ProposeError::LeaderOnly`].
     pub async fn propose(&self, command: Command) -> Result<Proposed, ProposeError> {
-        origin::client_may_propose(&command).map_err(ProposeError::LeaderOnly)?;
-        let observed = &self.parts.replica.observed;
-        let _pending = observed.proposal();
-        let res = self.parts.router.propose(command).await;
-        if let Err(e) = &res {
-            observed.proposal_failed(e);
-        }
-        res
+        self.client_propose(command, LocalApply::Wait).await
     }
 
     /// [`Node::propose`] for a client's write whose answer is everything the client gets
@@ -85,10 +78,19 @@ impl Node {
     /// A caller that reads this member's state itself after proposing (the lock engine)
     /// uses [`Node::propose`].
     pub async fn propose_owing_apply(&self, command: Command) -> Result<Proposed, ProposeError> {
+        self.client_propose(command, LocalApply::Owe).await
+    }
+
+    /// A client's proposal, checked and counted (`etcd_server_proposals_*`).
+    async fn client_propose(
+        &self,
+        command: Command,
+        local: LocalApply,
+    ) -> Result<Proposed, ProposeError> {
         origin::client_may_propose(&command).map_err(ProposeError::LeaderOnly)?;
         let observed = &self.parts.replica.observed;
         let _pending = observed.proposal();
-        let res = self.parts.router.propose_owing_apply(command).await;
+        let res = self.parts.router.propose_then(command, local).await;
         if let Err(e) = &res {
             observed.proposal_failed(e);
         }

@@ -164,16 +164,10 @@ impl Router {
         self.propose_then(command, LocalApply::Wait).await
     }
 
-    /// [`Router::propose`], except that a write forwarded to the leader returns as soon as
-    /// the leader's answer is here, its local apply being owed (`LocalApply::Owe`).
-    pub(crate) async fn propose_owing_apply(
-        &self,
-        command: Command,
-    ) -> Result<Proposed, ProposeError> {
-        self.propose_then(command, LocalApply::Owe).await
-    }
-
-    async fn propose_then(
+    /// [`Router::propose`], with `local` saying whether a write forwarded to the leader
+    /// waits for this member's apply of it or returns as soon as the leader's answer is
+    /// here, its local apply being owed.
+    pub(crate) async fn propose_then(
         &self,
         command: Command,
         local: LocalApply,
@@ -223,7 +217,7 @@ impl Router {
 
 /// What a write forwarded to the leader waits for once the leader has answered it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum LocalApply {
+pub(crate) enum LocalApply {
     /// This member's own apply of it (the caller reads this member's state next).
     Wait,
     /// Nothing: the leader applied it, and the answer carries everything the caller gets.
