@@ -131,6 +131,32 @@ async fn three_members_serve_from_any_member() {
             "{i}"
         );
     }
+    // A watch created from "now" on a stream already open starts after every write the
+    // follower has answered: the first event it sees is the put made after it was created.
+    let mut ws = f.watch("ryw-watch-0", None).await.unwrap();
+    assert!(ws.message().await.unwrap().unwrap().created());
+    for i in 1..=100 {
+        let key = format!("ryw-watch-{i}");
+        f.put(key.as_str(), "before", None).await.unwrap();
+        ws.watch(key.as_str(), None).await.unwrap();
+        let id = loop {
+            let resp = ws.message().await.unwrap().unwrap();
+            if resp.created() {
+                break resp.watch_id();
+            }
+        };
+        f.put(key.as_str(), "after", None).await.unwrap();
+        let event = loop {
+            let resp = ws.message().await.unwrap().unwrap();
+            if resp.watch_id() == id && !resp.events().is_empty() {
+                break resp.events()[0].kv().unwrap().value().to_vec();
+            }
+        };
+        assert_eq!(
+            event, b"after",
+            "watch {i} saw the put answered before it was created"
+        );
+    }
     let put = f.put("own", "write", None).await.unwrap();
     let get = f
         .get("own", Some(GetOptions::new().with_serializable()))
