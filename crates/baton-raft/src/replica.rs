@@ -140,11 +140,7 @@ impl Replica {
     pub(crate) fn is_voter(&self, id: u64) -> bool {
         let m = self.raft.metrics();
         let m = m.borrow();
-        let voter = m
-            .membership_config
-            .membership()
-            .voter_ids()
-            .any(|v| v == id);
+        let voter = is_voter_of(m.membership_config.membership(), id);
         voter
     }
 
@@ -269,4 +265,14 @@ impl Replica {
         self.transfer.wait(Instant::now() + REQUEST_TIMEOUT).await;
         self.proposer.propose_many(commands).await
     }
+}
+
+/// Whether `id` votes in `membership` (in either half of a joint configuration). Reads the
+/// configuration's sets in place: openraft's `voter_ids` collects them into a new set first,
+/// which on the learner check of every client call was an allocation per call.
+pub(crate) fn is_voter_of(membership: &openraft::Membership<u64, Member>, id: u64) -> bool {
+    membership
+        .get_joint_config()
+        .iter()
+        .any(|config| config.contains(&id))
 }

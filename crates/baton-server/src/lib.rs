@@ -21,7 +21,6 @@ pub mod auth_service;
 pub mod authority;
 pub mod baton_v1;
 mod call_session;
-pub mod caught_up_layer;
 mod client_verifier;
 pub mod cluster;
 pub mod compactor;
@@ -33,10 +32,10 @@ pub mod exactly_once;
 pub mod gateway;
 pub mod http;
 pub mod kv;
-pub mod learner_layer;
 pub mod lease;
 pub mod locks;
 pub mod maintenance;
+pub mod member_guard;
 pub mod metrics_layer;
 pub mod monitor;
 pub mod peer_tls;
@@ -98,10 +97,7 @@ pub async fn serve_with_locks(
         .accept_http1(true)
         .layer(protocol::ProtocolSplitLayer::new(http))
         .layer(metrics_layer::GrpcMetricsLayer)
-        .layer(learner_layer::LearnerGuardLayer {
-            node: shared.node.clone(),
-        })
-        .layer(caught_up_layer::CaughtUpLayer {
+        .layer(member_guard::MemberGuardLayer {
             node: shared.node.clone(),
         })
         .layer(recv_limit_layer::RecvLimitLayer)
@@ -186,19 +182,13 @@ async fn bind(listener: &conn::ClientListener) -> Result<transport::Incoming, Se
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The layers [`grpc_router`] stacks around the services: metrics outermost (it counts
-/// the codes clients see), then the learner guard, then the wait for writes this member
-/// answered before applying them, then the receive-limit rewrite.
+/// the codes clients see), then the member's guard (a learner refuses; a follower first
+/// applies the writes it answered before applying them), then the receive-limit rewrite.
 pub type GrpcLayers = tower::layer::util::Stack<
     recv_limit_layer::RecvLimitLayer,
     tower::layer::util::Stack<
-        caught_up_layer::CaughtUpLayer,
-        tower::layer::util::Stack<
-            learner_layer::LearnerGuardLayer,
-            tower::layer::util::Stack<
-                metrics_layer::GrpcMetricsLayer,
-                tower::layer::util::Identity,
-            >,
-        >,
+        member_guard::MemberGuardLayer,
+        tower::layer::util::Stack<metrics_layer::GrpcMetricsLayer, tower::layer::util::Identity>,
     >,
 >;
 
@@ -213,10 +203,7 @@ pub fn grpc_router(
         shared.config.keepalive,
     )
     .layer(metrics_layer::GrpcMetricsLayer)
-    .layer(learner_layer::LearnerGuardLayer {
-        node: shared.node.clone(),
-    })
-    .layer(caught_up_layer::CaughtUpLayer {
+    .layer(member_guard::MemberGuardLayer {
         node: shared.node.clone(),
     })
     .layer(recv_limit_layer::RecvLimitLayer)
@@ -230,10 +217,7 @@ fn gateway_stack(shared: &Shared, routes: tonic::service::Routes) -> gateway::Gr
     let stack = tower::ServiceBuilder::new()
         .map_request(|request: ::http::Request<tonic::body::Body>| request)
         .layer(metrics_layer::GrpcMetricsLayer)
-        .layer(learner_layer::LearnerGuardLayer {
-            node: shared.node.clone(),
-        })
-        .layer(caught_up_layer::CaughtUpLayer {
+        .layer(member_guard::MemberGuardLayer {
             node: shared.node.clone(),
         })
         .layer(recv_limit_layer::RecvLimitLayer)

@@ -220,7 +220,7 @@ impl Session {
         match req.request_union {
             Some(RequestUnion::CreateRequest(c)) => {
                 // A watch from "now" starts after every write this member has answered
-                // (`caught_up_layer`: the stream's own call waited only at its start).
+                // (`member_guard`: the stream's own call waited only at its start).
                 if let Err(e) = self.shared.node.caught_up().await {
                     let status = crate::errors::propose_status(&e);
                     return self.refuse_create(go_status_text(&status)).await;

@@ -327,11 +327,15 @@ impl Members {
         })
     }
 
-    /// Whether this member is a learner (receives the log, does not vote).
+    /// Whether this member is a learner (receives the log, does not vote). Asked on every
+    /// client call (`member_guard`), hence one look at the membership and no copies.
     pub(crate) fn is_learner(&self) -> bool {
         let replica = self.router.replica();
         let me = replica.member_id;
-        replica.membership_node(me).is_some() && !replica.is_voter(me)
+        let m = replica.raft.metrics();
+        let m = m.borrow();
+        let membership = m.membership_config.membership();
+        membership.get_node(&me).is_some() && !crate::replica::is_voter_of(membership, me)
     }
 
     /// Where the sender of a peer message stands in this member's membership. Only the
