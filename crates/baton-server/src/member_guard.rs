@@ -14,8 +14,8 @@
 //! read, a watch from the current revision, the auth check of its next request. Holding the
 //! next request is what waiting before the answer did, minus the wait for a write nobody
 //! reads here. Writes served by the leader alone pass at once ([`served_by_the_leader`]).
-//! Nearly always nothing is owed: one atomic load per call. Watches created on a stream that
-//! is already open wait in `watch.rs` (a stream is one call).
+//! Nearly always nothing is owed: one atomic load and one watch read per call. Watches
+//! created on a stream that is already open wait in `watch.rs` (a stream is one call).
 //!
 //! Why one layer and not two: both read the member's state and either answer at once or
 //! pass the call on, and every client call crosses this code — one boxed future per call
