@@ -183,7 +183,7 @@ pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2
 
 /// The layers [`grpc_router`] stacks around the services: metrics outermost (it counts
 /// the codes clients see), then the member's guard (a learner refuses; a follower first
-/// applies the writes it answered before applying them), then the receive-limit rewrite.
+/// applies every write it answered from the leader's apply), then the receive-limit rewrite.
 pub type GrpcLayers = tower::layer::util::Stack<
     recv_limit_layer::RecvLimitLayer,
     tower::layer::util::Stack<
