@@ -13,7 +13,7 @@
 //! client (this one or another) asks this member next must still find it — a serializable
 //! read, a watch from the current revision, the auth check of its next request. Holding the
 //! next request is what waiting before the answer did, minus the wait for a write nobody
-//! reads here. Writes served by the leader alone pass at once ([`served_by_the_leader`]).
+//! reads here. Writes served by the leader alone pass at once (`served_by_the_leader`).
 //! Nearly always nothing is owed: one atomic load and one watch read per call. Watches
 //! created on a stream that is already open wait in `watch.rs` (a stream is one call).
 //!
