@@ -32,6 +32,7 @@ pub mod exactly_once;
 pub mod gateway;
 pub mod http;
 pub mod kv;
+pub mod kv_fast_path;
 pub mod lease;
 pub mod locks;
 pub mod maintenance;
@@ -101,6 +102,9 @@ pub async fn serve_with_locks(
             node: shared.node.clone(),
         })
         .layer(recv_limit_layer::RecvLimitLayer)
+        .layer(kv_fast_path::KvFastPathLayer::new(kv::KvService {
+            shared: shared.clone(),
+        }))
         .add_routes(routes);
         let mut stop = stop_rx.clone();
         tasks.spawn(async move {
@@ -183,12 +187,19 @@ pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2
 
 /// The layers [`grpc_router`] stacks around the services: metrics outermost (it counts
 /// the codes clients see), then the member's guard (a learner refuses; a follower first
-/// applies every write it answered from the leader's apply), then the receive-limit rewrite.
+/// applies every write it answered from the leader's apply), then the receive-limit rewrite,
+/// and innermost the unary KV calls' own path past tonic's router and codec.
 pub type GrpcLayers = tower::layer::util::Stack<
-    recv_limit_layer::RecvLimitLayer,
+    kv_fast_path::KvFastPathLayer,
     tower::layer::util::Stack<
-        member_guard::MemberGuardLayer,
-        tower::layer::util::Stack<metrics_layer::GrpcMetricsLayer, tower::layer::util::Identity>,
+        recv_limit_layer::RecvLimitLayer,
+        tower::layer::util::Stack<
+            member_guard::MemberGuardLayer,
+            tower::layer::util::Stack<
+                metrics_layer::GrpcMetricsLayer,
+                tower::layer::util::Identity,
+            >,
+        >,
     >,
 >;
 
@@ -207,6 +218,9 @@ pub fn grpc_router(
         node: shared.node.clone(),
     })
     .layer(recv_limit_layer::RecvLimitLayer)
+    .layer(kv_fast_path::KvFastPathLayer::new(kv::KvService {
+        shared: shared.clone(),
+    }))
     .add_routes(grpc_routes(shared, locks))
 }
 
@@ -221,6 +235,9 @@ fn gateway_stack(shared: &Shared, routes: tonic::service::Routes) -> gateway::Gr
             node: shared.node.clone(),
         })
         .layer(recv_limit_layer::RecvLimitLayer)
+        .layer(kv_fast_path::KvFastPathLayer::new(kv::KvService {
+            shared: shared.clone(),
+        }))
         .service(routes)
         .map_response(|response: ::http::Response<_>| response.map(tonic::body::Body::new));
     tower::util::BoxCloneSyncService::new(stack)

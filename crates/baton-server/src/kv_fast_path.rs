@@ -1,0 +1,642 @@
+//! The unary KV calls — Range, Put, DeleteRange, Txn — handed to [`KvService`] without
+//! tonic's router and codec in between; every other call, and every KV call whose body is
+//! not one plain gRPC message, goes on to tonic unchanged.
+//!
+//! Why: these four are nearly every call a coordination store serves, and with one member
+//! putting for 100 clients the runtime worker is the bound (bench/README.md). Between the
+//! HTTP/2 stream and the handler, tonic's generic path routes by path through axum's router,
+//! dispatches again in the generated `KvServer`, and decodes and encodes through its
+//! streaming codec (a decoder and an encoder with their own buffers, and several boxed
+//! futures) — about an eighth of that worker's time per put in the profile, against the
+//! handler's own twelfth. Here a call's path is matched once, its body collected, the
+//! message decoded by the same decoder tonic's codec uses ([`baton_proto::codec`]), the
+//! handler called with the same `tonic::Request` tonic would build, and the answer written
+//! as tonic writes it: headers with `content-type: application/grpc`, one length-prefixed
+//! message, trailers with `grpc-status: 0`; an error is the same trailers-only answer
+//! ([`Status::into_http`]).
+//!
+//! What this does not decide, it leaves to tonic, by passing the call on with the body it
+//! has read put back in front of the rest ([`Replayed`]): a compressed request (tonic
+//! refuses it, no compression is enabled), a message announced larger than the receive
+//! limit (tonic's refusal, which [`crate::recv_limit_layer`] rewrites into etcd's), a body
+//! that is not exactly one message (none, several, or cut short), request trailers, and a
+//! body that fails. So the answers to odd input are tonic's, byte for byte, and the layers
+//! outside (metrics, the member guard, the receive-limit rewrite) see every call as before.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use baton_proto::etcdserverpb as pb;
+use baton_proto::etcdserverpb::kv_server::Kv as _;
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use prost::Message;
+use tonic::Status;
+use tower::{Layer, Service};
+
+use crate::kv::KvService;
+use crate::MAX_GRPC_RECV_BYTES;
+
+/// The gRPC message prefix: a compression flag byte and a big-endian `u32` length.
+const PREFIX_LEN: usize = 5;
+
+/// Wraps the gRPC router; see the module docs.
+#[derive(Clone)]
+pub struct KvFastPathLayer {
+    kv: Arc<KvService>,
+}
+
+impl KvFastPathLayer {
+    /// Calls `kv`, which must serve the same member as the router this layer wraps.
+    pub(crate) fn new(kv: KvService) -> Self {
+        KvFastPathLayer { kv: Arc::new(kv) }
+    }
+}
+
+impl<S> Layer<S> for KvFastPathLayer {
+    type Service = KvFastPath<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        KvFastPath {
+            kv: self.kv.clone(),
+            inner,
+        }
+    }
+}
+
+/// The service [`KvFastPathLayer`] wraps around the router.
+#[derive(Clone)]
+pub struct KvFastPath<S> {
+    kv: Arc<KvService>,
+    inner: S,
+}
+
+/// The KV calls served here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum UnaryKv {
+    Range,
+    Put,
+    DeleteRange,
+    Txn,
+}
+
+impl UnaryKv {
+    fn of_path(path: &str) -> Option<UnaryKv> {
+        Some(match path.strip_prefix("/etcdserverpb.KV/")? {
+            "Range" => UnaryKv::Range,
+            "Put" => UnaryKv::Put,
+            "DeleteRange" => UnaryKv::DeleteRange,
+            "Txn" => UnaryKv::Txn,
+            _ => return None,
+        })
+    }
+}
+
+/// A request tonic would decode without compression: no `grpc-encoding`, or `identity`.
+fn uncompressed<B>(request: &http::Request<B>) -> bool {
+    match request.headers().get("grpc-encoding") {
+        None => true,
+        Some(v) => v.as_bytes() == b"identity",
+    }
+}
+
+type Answer = http::Response<tonic::body::Body>;
+
+impl<S, B> Service<http::Request<B>> for KvFastPath<S>
+where
+    S: Service<http::Request<Replayed<B>>, Response = Answer, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Body<Data = Bytes> + Unpin + Send + 'static,
+    B::Error: Send,
+{
+    type Response = Answer;
+    type Error = Infallible;
+    type Future = KvFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let method = UnaryKv::of_path(request.uri().path()).filter(|_| uncompressed(&request));
+        let Some(method) = method else {
+            return KvFuture::Router {
+                future: self.inner.call(request.map(Replayed::untouched)),
+            };
+        };
+        // The router was made ready for this call; the clone left behind is the one asked
+        // for readiness next time (tower's rule for services called from a future).
+        let ready = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, ready);
+        KvFuture::Here {
+            future: Box::pin(serve(self.kv.clone(), inner, method, request)),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The answer of a call served here, or the router's.
+    #[project = KvFutureProj]
+    pub enum KvFuture<F> {
+        Here { future: Pin<Box<dyn Future<Output = Answer> + Send>> },
+        Router { #[pin] future: F },
+    }
+}
+
+impl<F> Future for KvFuture<F>
+where
+    F: Future<Output = Result<Answer, Infallible>>,
+{
+    type Output = Result<Answer, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            KvFutureProj::Here { future } => future.as_mut().poll(cx).map(Ok),
+            KvFutureProj::Router { future } => future.poll(cx),
+        }
+    }
+}
+
+/// What reading a request body came to.
+enum Collected<E> {
+    /// Exactly one uncompressed message (without its prefix), and nothing after it.
+    Message(Bytes),
+    /// Anything else: what was read, and how the body went on.
+    Other { read: Bytes, rest: Rest<E> },
+}
+
+/// How a body went on after what was read of it.
+enum Rest<E> {
+    /// It had ended.
+    Ended,
+    /// It had trailers next.
+    Trailers(HeaderMap),
+    /// It failed.
+    Failed(E),
+    /// Its reading stopped (more than one message's worth); the body continues.
+    Unread,
+}
+
+/// Reads `body` to its end if it is one message within the receive limit; stops at the
+/// first sign that it is not.
+async fn collect<B>(body: &mut B) -> Collected<B::Error>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    use http_body_util::BodyExt as _;
+    let mut read = BytesMut::new();
+    let mut first: Option<Bytes> = None;
+    let other = |first: Option<Bytes>, read: BytesMut, rest| Collected::Other {
+        read: first.unwrap_or_else(|| read.freeze()),
+        rest,
+    };
+    loop {
+        let frame = match body.frame().await {
+            None => break,
+            Some(Ok(frame)) => frame,
+            Some(Err(e)) => return other(first, read, Rest::Failed(e)),
+        };
+        let data = match frame.into_data() {
+            Ok(data) => data,
+            Err(frame) => {
+                let trailers = frame.into_trailers().unwrap_or_default();
+                return other(first, read, Rest::Trailers(trailers));
+            }
+        };
+        // The common case, a whole message in one DATA frame, is kept without a copy.
+        match first.take() {
+            None if read.is_empty() => first = Some(data),
+            None => read.put(data),
+            Some(earlier) => {
+                read.reserve(earlier.len() + data.len());
+                read.put(earlier);
+                read.put(data);
+            }
+        }
+        let so_far = first.as_ref().map_or(&read[..], |b| &b[..]);
+        if so_far.len() >= PREFIX_LEN {
+            let announced = (&so_far[1..PREFIX_LEN]).get_u32() as usize;
+            if so_far[0] != 0
+                || announced > MAX_GRPC_RECV_BYTES
+                || so_far.len() > PREFIX_LEN + announced
+            {
+                return other(first, read, Rest::Unread);
+            }
+        }
+    }
+    let whole = first.unwrap_or_else(|| read.freeze());
+    if whole.len() < PREFIX_LEN
+        || (&whole[1..PREFIX_LEN]).get_u32() as usize != whole.len() - PREFIX_LEN
+    {
+        return Collected::Other {
+            read: whole,
+            rest: Rest::Ended,
+        };
+    }
+    Collected::Message(whole.slice(PREFIX_LEN..))
+}
+
+/// Serves one call of `method`, or hands it to `router` as read so far.
+async fn serve<S, B>(
+    kv: Arc<KvService>,
+    mut router: S,
+    method: UnaryKv,
+    request: http::Request<B>,
+) -> Answer
+where
+    S: Service<http::Request<Replayed<B>>, Response = Answer, Error = Infallible>,
+    B: Body<Data = Bytes> + Unpin,
+{
+    let (parts, mut body) = request.into_parts();
+    let message = match collect(&mut body).await {
+        Collected::Message(message) => message,
+        Collected::Other { read, rest } => {
+            let replayed = Replayed::after(read, rest, body);
+            let request = http::Request::from_parts(parts, replayed);
+            return match router.call(request).await {
+                Ok(answer) => answer,
+                Err(never) => match never {},
+            };
+        }
+    };
+    let metadata = tonic::metadata::MetadataMap::from_headers(parts.headers);
+    let extensions = parts.extensions;
+    macro_rules! call {
+        ($request:ty, $handler:ident) => {{
+            match baton_proto::codec::decode_message::<$request>(message) {
+                Ok(m) => {
+                    let request = tonic::Request::from_parts(metadata, extensions, m);
+                    answer(kv.$handler(request).await)
+                }
+                Err(status) => status.into_http(),
+            }
+        }};
+    }
+    match method {
+        UnaryKv::Range => call!(pb::RangeRequest, range),
+        UnaryKv::Put => call!(pb::PutRequest, put),
+        UnaryKv::DeleteRange => call!(pb::DeleteRangeRequest, delete_range),
+        UnaryKv::Txn => call!(pb::TxnRequest, txn),
+    }
+}
+
+/// A handler's outcome as tonic's unary path writes it.
+fn answer<M: Message>(outcome: Result<tonic::Response<M>, Status>) -> Answer {
+    let response = match outcome {
+        Ok(response) => response,
+        Err(status) => return status.into_http(),
+    };
+    let (metadata, message, extensions) = response.into_parts();
+    // The KV handlers set no response metadata; tonic would strip gRPC's reserved headers
+    // from it, so none may be set here either.
+    debug_assert!(metadata.is_empty(), "KV handlers answer without metadata");
+    let len = message.encoded_len();
+    let mut framed = BytesMut::with_capacity(PREFIX_LEN + len);
+    framed.put_u8(0);
+    framed.put_u32(u32::try_from(len).expect("an answer under 4 GiB"));
+    message
+        .encode(&mut framed)
+        .expect("the buffer was sized to the message");
+    let mut answer = http::Response::new(tonic::body::Body::new(OneMessage {
+        message: Some(framed.freeze()),
+        trailers_sent: false,
+    }));
+    *answer.version_mut() = http::Version::HTTP_2;
+    *answer.extensions_mut() = extensions;
+    answer.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    answer
+}
+
+/// A unary answer's body: the message, then trailers with `grpc-status: 0`.
+struct OneMessage {
+    message: Option<Bytes>,
+    trailers_sent: bool,
+}
+
+impl Body for OneMessage {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        if let Some(message) = self.message.take() {
+            return Poll::Ready(Some(Ok(Frame::data(message))));
+        }
+        if self.trailers_sent {
+            return Poll::Ready(None);
+        }
+        self.trailers_sent = true;
+        let mut trailers = HeaderMap::with_capacity(1);
+        // Writes `grpc-status: 0` (an OK status has no message to add); cannot fail.
+        Status::ok("").add_header(&mut trailers)?;
+        Poll::Ready(Some(Ok(Frame::trailers(trailers))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.trailers_sent
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.message.as_ref().map_or(0, |m| m.len() as u64))
+    }
+}
+
+/// A request body as the router gets it: untouched, or what [`collect`] read put back in
+/// front of how the body went on.
+pub struct Replayed<B: Body> {
+    read: Option<Bytes>,
+    rest: Option<Rest<B::Error>>,
+    body: B,
+}
+
+impl<B: Body> Replayed<B> {
+    fn untouched(body: B) -> Self {
+        Replayed {
+            read: None,
+            rest: Some(Rest::Unread),
+            body,
+        }
+    }
+
+    fn after(read: Bytes, rest: Rest<B::Error>, body: B) -> Self {
+        Replayed {
+            read: (!read.is_empty()).then_some(read),
+            rest: Some(rest),
+            body,
+        }
+    }
+}
+
+// Nothing of `Replayed` is ever pinned but `body`, which is `Unpin` itself: the read bytes,
+// trailers and error are moved out freely.
+impl<B: Body + Unpin> Unpin for Replayed<B> {}
+
+impl<B> Body for Replayed<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.get_mut();
+        if let Some(read) = this.read.take() {
+            return Poll::Ready(Some(Ok(Frame::data(read))));
+        }
+        if let Some(Rest::Unread) = this.rest {
+            let frame = ready!(Pin::new(&mut this.body).poll_frame(cx));
+            if frame.is_none() {
+                this.rest = Some(Rest::Ended);
+            }
+            return Poll::Ready(frame);
+        }
+        match this.rest.take() {
+            None | Some(Rest::Ended | Rest::Unread) => Poll::Ready(None),
+            Some(Rest::Trailers(trailers)) => Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
+            Some(Rest::Failed(e)) => Poll::Ready(Some(Err(e))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match (&self.read, &self.rest) {
+            (Some(_), _) => false,
+            (None, None | Some(Rest::Ended)) => true,
+            (None, Some(Rest::Unread)) => self.body.is_end_stream(),
+            (None, Some(Rest::Trailers(_) | Rest::Failed(_))) => false,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let read = self.read.as_ref().map_or(0, |r| r.len() as u64);
+        match &self.rest {
+            Some(Rest::Unread) => {
+                let body = self.body.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(body.lower() + read);
+                if let Some(upper) = body.upper() {
+                    hint.set_upper(upper + read);
+                }
+                hint
+            }
+            _ => SizeHint::with_exact(read),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::{BodyExt as _, StreamBody};
+
+    use super::*;
+
+    type Frames = Vec<Result<Frame<Bytes>, &'static str>>;
+    type TestBody = Stutter<
+        StreamBody<futures::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, &'static str>>>>,
+    >;
+
+    /// A body that is not ready on every other poll, as a body from the network often is not.
+    struct Stutter<B> {
+        body: B,
+        ready: bool,
+    }
+
+    impl<B: Body + Unpin> Body for Stutter<B> {
+        type Data = B::Data;
+        type Error = B::Error;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+            self.ready = !self.ready;
+            if !self.ready {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            Pin::new(&mut self.body).poll_frame(cx)
+        }
+    }
+
+    fn body(frames: Frames) -> TestBody {
+        Stutter {
+            body: StreamBody::new(futures::stream::iter(frames)),
+            ready: false,
+        }
+    }
+
+    fn data(bytes: &[u8]) -> Result<Frame<Bytes>, &'static str> {
+        Ok(Frame::data(Bytes::copy_from_slice(bytes)))
+    }
+
+    /// `message` with gRPC's prefix: `flag`, then its length.
+    fn prefixed(flag: u8, message: &[u8]) -> Vec<u8> {
+        let mut v = vec![flag];
+        v.extend_from_slice(&(message.len() as u32).to_be_bytes());
+        v.extend_from_slice(message);
+        v
+    }
+
+    /// Everything the router would read from `collect`'s leftovers: the bytes, the trailers
+    /// and the error, in that order of the body.
+    async fn replayed(
+        read: Bytes,
+        rest: Rest<&'static str>,
+        body: TestBody,
+    ) -> (Vec<u8>, Option<HeaderMap>, Option<&'static str>) {
+        let mut replayed = Replayed::after(read, rest, body);
+        let (mut bytes, mut trailers, mut error) = (Vec::new(), None, None);
+        while let Some(frame) = replayed.frame().await {
+            match frame {
+                Ok(frame) => match frame.into_data() {
+                    Ok(d) => bytes.extend_from_slice(&d),
+                    Err(frame) => trailers = frame.into_trailers().ok(),
+                },
+                Err(e) => {
+                    error = Some(e);
+                    break;
+                }
+            }
+        }
+        assert!(replayed.is_end_stream() || error.is_some());
+        (bytes, trailers, error)
+    }
+
+    /// A body that must go to tonic: what tonic then reads is the body as it was sent.
+    async fn goes_to_tonic(frames: Frames) -> (Vec<u8>, Option<HeaderMap>, Option<&'static str>) {
+        let sent: Vec<u8> = frames
+            .iter()
+            .filter_map(|f| f.as_ref().ok().and_then(|f| f.data_ref()).cloned())
+            .flat_map(|d| d.to_vec())
+            .collect();
+        let mut b = body(frames);
+        match collect(&mut b).await {
+            Collected::Message(m) => panic!("served here: {m:?}"),
+            Collected::Other { read, rest } => {
+                let got = replayed(read, rest, b).await;
+                assert_eq!(got.0, sent, "tonic reads the bytes sent");
+                got
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn one_message_is_served_here_however_it_is_split() {
+        let whole = prefixed(0, b"a put request");
+        for cuts in [vec![], vec![1], vec![5], vec![2, 9], vec![1, 2, 3, 4, 5, 6]] {
+            let mut frames = Vec::new();
+            let mut from = 0;
+            for &cut in cuts.iter().chain(std::iter::once(&whole.len())) {
+                frames.push(data(&whole[from..cut]));
+                from = cut;
+            }
+            match collect(&mut body(frames)).await {
+                Collected::Message(m) => assert_eq!(&m[..], b"a put request", "{cuts:?}"),
+                Collected::Other { .. } => panic!("{cuts:?}: not served here"),
+            }
+        }
+        // An empty message is a message (every field at its default).
+        assert!(
+            matches!(collect(&mut body(vec![data(&prefixed(0, b""))])).await, Collected::Message(m) if m.is_empty())
+        );
+    }
+
+    #[tokio::test]
+    async fn every_other_body_reaches_tonic_as_sent() {
+        let msg = prefixed(0, b"request");
+        // Nothing at all: tonic's "Missing request message."
+        goes_to_tonic(vec![]).await;
+        // Compressed, or a flag gRPC does not define.
+        goes_to_tonic(vec![data(&prefixed(1, b"gzipped"))]).await;
+        goes_to_tonic(vec![data(&prefixed(7, b"request"))]).await;
+        // Cut short: in the prefix, and in the message.
+        goes_to_tonic(vec![data(&msg[..3])]).await;
+        goes_to_tonic(vec![data(&msg[..8])]).await;
+        // Two messages, in one frame and in two.
+        let two = [msg.clone(), msg.clone()].concat();
+        goes_to_tonic(vec![data(&two)]).await;
+        goes_to_tonic(vec![data(&msg), data(&msg)]).await;
+        // Announced over the receive limit: reading stops at the prefix, the rest follows.
+        let mut big = vec![0u8];
+        big.extend_from_slice(&((MAX_GRPC_RECV_BYTES + 1) as u32).to_be_bytes());
+        goes_to_tonic(vec![data(&big), data(&[0; 64]), data(&[0; 64])]).await;
+        // Trailers after the message, and a body that fails: both kept, in place.
+        let mut trailers = HeaderMap::new();
+        trailers.insert("x-trailer", http::HeaderValue::from_static("1"));
+        let (_, got, _) = goes_to_tonic(vec![data(&msg), Ok(Frame::trailers(trailers))]).await;
+        assert_eq!(got.expect("trailers")["x-trailer"], "1");
+        let (_, _, error) = goes_to_tonic(vec![data(&msg[..4]), Err("reset")]).await;
+        assert_eq!(error, Some("reset"));
+    }
+
+    #[tokio::test]
+    async fn an_answer_is_one_message_then_grpc_status_zero() {
+        let put = pb::PutResponse {
+            header: Some(pb::ResponseHeader {
+                revision: 7,
+                ..Default::default()
+            }),
+            prev_kv: None,
+        };
+        let answer = answer(Ok(tonic::Response::new(put.clone())));
+        assert_eq!(answer.headers()["content-type"], "application/grpc");
+        let collected = answer.into_body().collect().await.expect("a body");
+        let trailers = collected.trailers().cloned().expect("trailers");
+        assert_eq!(trailers["grpc-status"], "0");
+        assert!(trailers.get("grpc-message").is_none());
+        let bytes = collected.to_bytes();
+        assert_eq!(&bytes[..], &prefixed(0, &put.encode_to_vec())[..]);
+        // An error is tonic's trailers-only answer.
+        let refused = super::answer::<pb::PutResponse>(Err(Status::invalid_argument("no")));
+        assert_eq!(refused.headers()["grpc-status"], "3");
+        assert_eq!(refused.headers()["grpc-message"], "no");
+    }
+
+    #[test]
+    fn only_the_four_unary_kv_paths_are_served_here() {
+        assert_eq!(UnaryKv::of_path("/etcdserverpb.KV/Put"), Some(UnaryKv::Put));
+        assert_eq!(
+            UnaryKv::of_path("/etcdserverpb.KV/Range"),
+            Some(UnaryKv::Range)
+        );
+        assert_eq!(
+            UnaryKv::of_path("/etcdserverpb.KV/DeleteRange"),
+            Some(UnaryKv::DeleteRange)
+        );
+        assert_eq!(UnaryKv::of_path("/etcdserverpb.KV/Txn"), Some(UnaryKv::Txn));
+        for other in [
+            "/etcdserverpb.KV/Compact",
+            "/etcdserverpb.Lease/LeaseGrant",
+            "/etcdserverpb.KV/Put/",
+            "/etcdserverpb.KVX/Put",
+            "/",
+        ] {
+            assert_eq!(UnaryKv::of_path(other), None, "{other}");
+        }
+        let with = |v: Option<&'static str>| {
+            let mut r = http::Request::new(());
+            if let Some(v) = v {
+                r.headers_mut()
+                    .insert("grpc-encoding", http::HeaderValue::from_static(v));
+            }
+            uncompressed(&r)
+        };
+        assert!(with(None));
+        assert!(with(Some("identity")));
+        assert!(!with(Some("gzip")));
+    }
+}
