@@ -350,41 +350,52 @@ pub struct Etcd {
 }
 
 impl Etcd {
+    /// Starts etcd on fresh ports, up to three times: ports are picked before etcd binds them,
+    /// and another process of the test run can take one in between (seen in CI: "etcd did not
+    /// listen", etcd having exited at once). The ports come from below the ephemeral range, as
+    /// [`Baton`]'s do, so no outgoing connection takes one as its source port meanwhile.
     pub fn start() -> Etcd {
         let bin = "/usr/bin/etcd";
         assert!(
             Path::new(bin).exists(),
             "{bin} is missing: install Debian's etcd-server (.ci/run does)"
         );
-        let dir = tempfile::tempdir().unwrap();
-        let client_port = free_port();
-        let peer_port = free_port();
-        let child = Command::new(bin)
-            .arg("--name")
-            .arg("default")
-            .arg("--data-dir")
-            .arg(dir.path().join("etcd"))
-            .arg("--listen-client-urls")
-            .arg(format!("http://127.0.0.1:{client_port}"))
-            .arg("--advertise-client-urls")
-            .arg(format!("http://127.0.0.1:{client_port}"))
-            .arg("--listen-peer-urls")
-            .arg(format!("http://127.0.0.1:{peer_port}"))
-            .arg("--initial-advertise-peer-urls")
-            .arg(format!("http://127.0.0.1:{peer_port}"))
-            .arg("--initial-cluster")
-            .arg(format!("default=http://127.0.0.1:{peer_port}"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn etcd");
-        wait_for_port(client_port, Duration::from_secs(20)).expect("etcd did not listen");
-        Etcd {
-            child,
-            client_port,
-            _dir: dir,
+        for attempt in 1..=3 {
+            let dir = tempfile::tempdir().unwrap();
+            let client_port = free_port_below_ephemeral();
+            let peer_port = free_port_below_ephemeral();
+            let mut child = Command::new(bin)
+                .arg("--name")
+                .arg("default")
+                .arg("--data-dir")
+                .arg(dir.path().join("etcd"))
+                .arg("--listen-client-urls")
+                .arg(format!("http://127.0.0.1:{client_port}"))
+                .arg("--advertise-client-urls")
+                .arg(format!("http://127.0.0.1:{client_port}"))
+                .arg("--listen-peer-urls")
+                .arg(format!("http://127.0.0.1:{peer_port}"))
+                .arg("--initial-advertise-peer-urls")
+                .arg(format!("http://127.0.0.1:{peer_port}"))
+                .arg("--initial-cluster")
+                .arg(format!("default=http://127.0.0.1:{peer_port}"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn etcd");
+            if wait_for_child_port(&mut child, client_port, Duration::from_secs(20)) {
+                return Etcd {
+                    child,
+                    client_port,
+                    _dir: dir,
+                };
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            eprintln!("etcd did not listen on {client_port} (attempt {attempt} of 3)");
         }
+        panic!("etcd did not listen in 3 attempts");
     }
 
     pub fn endpoint(&self) -> String {
@@ -397,6 +408,23 @@ impl Drop for Etcd {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Waits until `child` accepts TCP connections on the loopback port; false if it exits
+/// first (another process had the port) or `timeout` passes. Checking that the child is
+/// still running matters: a connect alone could reach whoever took the port.
+fn wait_for_child_port(child: &mut Child, port: u16, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if !matches!(child.try_wait(), Ok(None)) {
+            return false;
+        }
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return matches!(child.try_wait(), Ok(None));
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    false
 }
 
 /// Waits until something accepts TCP connections on the loopback port.
