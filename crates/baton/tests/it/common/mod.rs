@@ -413,7 +413,7 @@ impl Drop for Etcd {
 /// Waits until `child` accepts TCP connections on the loopback port; false if it exits
 /// first (another process had the port) or `timeout` passes. Checking that the child is
 /// still running matters: a connect alone could reach whoever took the port.
-fn wait_for_child_port(child: &mut Child, port: u16, timeout: Duration) -> bool {
+pub fn wait_for_child_port(child: &mut Child, port: u16, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         if !matches!(child.try_wait(), Ok(None)) {
