@@ -334,6 +334,40 @@ async fn write_entries(raft_dir: &Path, range: std::ops::Range<u64>) {
     wal.stop().await;
 }
 
+/// The writer thread keeps the default scheduling policy for writes run inline or queued,
+/// and the first append sent ahead to followers (`send_with(_, false)`) puts it under
+/// `SCHED_BATCH` (`SharedWriter::writer_wakeups_do_not_preempt`).
+#[tokio::test]
+async fn an_append_sent_ahead_stops_the_writer_thread_preempting() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rec = recover(tmp.path()).unwrap();
+    let (_store, wal) = open(tmp.path(), rec, None).unwrap();
+    let write = |i| {
+        let mut bytes = Vec::new();
+        encode_record(&mut bytes, &RecordRef::Entries(&[entry(1, i)]));
+        Op::Write { bytes }
+    };
+    // The thread publishes its id as it starts: wait up to 10 s for it.
+    let mut tid = 0;
+    for _ in 0..2000 {
+        tid = wal.sink.writer_thread();
+        if tid != 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_ne!(tid, 0, "the writer thread runs");
+    // SAFETY: sched_getscheduler only reads the policy of thread `tid` (alive: the log is open).
+    let policy = || unsafe { libc::sched_getscheduler(tid) };
+    for i in 0..3 {
+        wal.sink.send(write(i)).ok().unwrap();
+    }
+    assert_eq!(policy(), libc::SCHED_OTHER, "writes of a single member");
+    wal.sink.send_with(write(3), false).ok().unwrap();
+    assert_eq!(policy(), libc::SCHED_BATCH, "after an append sent ahead");
+    wal.stop().await;
+}
+
 #[tokio::test]
 async fn preallocated_space_is_reused_and_never_read_as_records() {
     let tmp = tempfile::tempdir().unwrap();
