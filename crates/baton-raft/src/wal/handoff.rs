@@ -106,8 +106,8 @@ impl SharedWriter {
             return;
         }
         let param = libc::sched_param { sched_priority: 0 };
-        // SAFETY: sched_setscheduler reads the `sched_param` it is given; `tid` is the
-        // writer thread, alive as long as this shared state is used.
+        // SAFETY: sched_setscheduler reads the `sched_param` it is given. `tid` is the writer
+        // thread's, which clears it as it ends (only at shutdown or on a fatal write error).
         let rc = unsafe { libc::sched_setscheduler(tid, libc::SCHED_BATCH, &param) };
         if rc != 0 {
             tracing::debug!(
@@ -253,17 +253,23 @@ fn flush_abandoned(shared: &SharedWriter) {
 }
 
 /// The batch loop on its own OS thread (the real disk).
-fn run_thread(shared: Arc<SharedWriter>, mut rx: mpsc::UnboundedReceiver<Op>) {
+fn run_thread(shared: Arc<SharedWriter>, rx: mpsc::UnboundedReceiver<Op>) {
     // SAFETY: gettid has no preconditions.
     shared
         .writer_thread
         .store(unsafe { libc::gettid() }, Ordering::Release);
+    run_batches(&shared, rx);
+    // Its id may be another thread's from now on.
+    shared.writer_thread.store(0, Ordering::Release);
+}
+
+fn run_batches(shared: &SharedWriter, mut rx: mpsc::UnboundedReceiver<Op>) {
     while let Some(first) = rx.blocking_recv() {
-        if process_queued(&shared, drain(first, &mut rx)) {
+        if process_queued(shared, drain(first, &mut rx)) {
             return;
         }
     }
-    flush_abandoned(&shared);
+    flush_abandoned(shared);
 }
 
 /// The same loop as a task on the replica's runtime (an injected disk), so that a
