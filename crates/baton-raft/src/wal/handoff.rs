@@ -95,7 +95,7 @@ impl SharedWriter {
     /// writer threads of the build without it: the same), through a follower within noise
     /// (1368–1521 against 1387–1462); 100 clients through the leader 32.1k–33.3k against
     /// 29.0k–31.6k. A single member never sends early and keeps the default policy: there
-    /// the worker waits for the writer's fsync, and `SCHED_BATCH` cost 100 clients ~3 % (a
+    /// the worker waits for the writer's fsync, and `SCHED_BATCH` cost 100 clients 3–4 % (a
     /// cluster shrunk to one member keeps the policy its writer had).
     fn writer_wakeups_do_not_preempt(&self) {
         if self.writer_calmed.load(Ordering::Relaxed) {
