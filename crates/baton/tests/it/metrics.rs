@@ -288,11 +288,16 @@ pub(crate) async fn contended_lock(endpoint: &str, metrics_port: u16) -> String 
             tokio::spawn(async move { locks.acquire(req).await.map(|r| r.into_inner()) })
         })
         .collect();
-    // Both waiters queued behind the holder.
+    // Both waiters queued behind the holder, and each of the three acquisitions recorded the
+    // queue it found: the gauge is read from the applied state when scraped, the histogram
+    // written by the request's task after its enqueue was applied, so one scrape can see the
+    // gauge at 2 before the last acquisition's sample (CI saw count 2).
     let deadline = Instant::now() + Duration::from_secs(5);
     let queued = loop {
         let body = scrape(metrics_port).await;
-        if value(&body, "baton_lock_queued_waiters") == Some(2.0) {
+        if value(&body, "baton_lock_queued_waiters") == Some(2.0)
+            && value(&body, "baton_lock_queue_length_count").is_some_and(|n| n >= 3.0)
+        {
             break body;
         }
         assert!(Instant::now() < deadline, "no queue:\n{body}");
