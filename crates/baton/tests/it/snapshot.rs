@@ -305,44 +305,11 @@ struct RestoredEtcd {
 }
 
 impl RestoredEtcd {
-    /// The peer port is the restore's; the client port is fresh, and a start that exits
-    /// before it listens (another process took the port: etcd binds its listeners before it
-    /// opens the data directory, so the restored data is untouched) is tried again on
-    /// another, up to three times, as `common::Etcd::start` does.
+    /// The peer port is the restore's; the client port is fresh (`common::start_etcd`).
     fn start(data_dir: &Path, name: &str, peer_port: u16) -> RestoredEtcd {
-        let peer = format!("http://127.0.0.1:{peer_port}");
-        for attempt in 1..=3 {
-            let client_port = free_port_below_ephemeral();
-            let client = format!("http://127.0.0.1:{client_port}");
-            let mut child = Command::new("/usr/bin/etcd")
-                .args(["--name", name, "--data-dir"])
-                .arg(data_dir)
-                .args([
-                    "--listen-client-urls",
-                    &client,
-                    "--advertise-client-urls",
-                    &client,
-                ])
-                .args([
-                    "--listen-peer-urls",
-                    &peer,
-                    "--initial-advertise-peer-urls",
-                    &peer,
-                ])
-                .args(["--initial-cluster", &format!("{name}={peer}")])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("/usr/bin/etcd (Debian's etcd-server) must be installed");
-            if common::wait_for_child_port(&mut child, client_port, Duration::from_secs(20)) {
-                return RestoredEtcd { child, client_port };
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-            eprintln!("restored etcd did not listen on {client_port} (attempt {attempt} of 3)");
-        }
-        panic!("restored etcd did not listen in 3 attempts");
+        let (child, client_port) =
+            common::start_etcd(name, data_dir, || peer_port, "restored etcd");
+        RestoredEtcd { child, client_port }
     }
 
     fn endpoint(&self) -> String {

@@ -350,52 +350,22 @@ pub struct Etcd {
 }
 
 impl Etcd {
-    /// Starts etcd on fresh ports, up to three times: ports are picked before etcd binds them,
-    /// and another process of the test run can take one in between (seen in CI: "etcd did not
-    /// listen", etcd having exited at once). The ports come from below the ephemeral range, as
-    /// [`Baton`]'s do, so no outgoing connection takes one as its source port meanwhile.
+    /// Starts etcd on fresh ports (see [`start_etcd`]). The ports come from below the
+    /// ephemeral range, as [`Baton`]'s do, so no outgoing connection takes one as its source
+    /// port meanwhile.
     pub fn start() -> Etcd {
-        let bin = "/usr/bin/etcd";
-        assert!(
-            Path::new(bin).exists(),
-            "{bin} is missing: install Debian's etcd-server (.ci/run does)"
+        let dir = tempfile::tempdir().unwrap();
+        let (child, client_port) = start_etcd(
+            "default",
+            &dir.path().join("etcd"),
+            free_port_below_ephemeral,
+            "etcd",
         );
-        for attempt in 1..=3 {
-            let dir = tempfile::tempdir().unwrap();
-            let client_port = free_port_below_ephemeral();
-            let peer_port = free_port_below_ephemeral();
-            let mut child = Command::new(bin)
-                .arg("--name")
-                .arg("default")
-                .arg("--data-dir")
-                .arg(dir.path().join("etcd"))
-                .arg("--listen-client-urls")
-                .arg(format!("http://127.0.0.1:{client_port}"))
-                .arg("--advertise-client-urls")
-                .arg(format!("http://127.0.0.1:{client_port}"))
-                .arg("--listen-peer-urls")
-                .arg(format!("http://127.0.0.1:{peer_port}"))
-                .arg("--initial-advertise-peer-urls")
-                .arg(format!("http://127.0.0.1:{peer_port}"))
-                .arg("--initial-cluster")
-                .arg(format!("default=http://127.0.0.1:{peer_port}"))
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("spawn etcd");
-            if wait_for_child_port(&mut child, client_port, Duration::from_secs(20)) {
-                return Etcd {
-                    child,
-                    client_port,
-                    _dir: dir,
-                };
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-            eprintln!("etcd did not listen on {client_port} (attempt {attempt} of 3)");
+        Etcd {
+            child,
+            client_port,
+            _dir: dir,
         }
-        panic!("etcd did not listen in 3 attempts");
     }
 
     pub fn endpoint(&self) -> String {
@@ -408,6 +378,50 @@ impl Drop for Etcd {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Starts Debian's etcd 3.4 as the single member `name` over `data_dir`, on a fresh client
+/// port and the peer port `peer_port` gives, and waits until it listens; returns it and its
+/// client port. Tried up to three times: ports are picked before etcd binds them, and
+/// another process of the test run can take one in between (seen in CI: etcd exited at
+/// once). etcd binds its listeners before it opens the data directory, so a failed attempt
+/// leaves `data_dir` as it was — a restored one included. `what` names it in messages.
+pub fn start_etcd(
+    name: &str,
+    data_dir: &Path,
+    peer_port: impl Fn() -> u16,
+    what: &str,
+) -> (Child, u16) {
+    let bin = "/usr/bin/etcd";
+    assert!(
+        Path::new(bin).exists(),
+        "{bin} is missing: install Debian's etcd-server (.ci/run does)"
+    );
+    for attempt in 1..=3 {
+        let client = free_port_below_ephemeral();
+        let client_url = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{}", peer_port());
+        let mut child = Command::new(bin)
+            .args(["--name", name, "--data-dir"])
+            .arg(data_dir)
+            .args(["--listen-client-urls", &client_url])
+            .args(["--advertise-client-urls", &client_url])
+            .args(["--listen-peer-urls", &peer_url])
+            .args(["--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("{name}={peer_url}")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn etcd");
+        if wait_for_child_port(&mut child, client, Duration::from_secs(20)) {
+            return (child, client);
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        eprintln!("{what} did not listen on {client} (attempt {attempt} of 3)");
+    }
+    panic!("{what} did not listen in 3 attempts");
 }
 
 /// Waits until `child` accepts TCP connections on the loopback port; false if it exits
