@@ -15,6 +15,13 @@
 //! 34.4k/32.0k with one — more batches in flight are smaller batches and more fsyncs, and
 //! the fsync is what bounds that load (about a third of both cores sat idle).
 //!
+//! When a batch's outcome arrives and the next batch is already queued, that batch goes to
+//! Raft *before* the outcome's answers are handed out: the runtime runs woken tasks in
+//! order, and handing out first queued the Raft core's append behind every answering task
+//! (traced with 100 clients: outcome → next append 168 µs median, 82 µs submitting first;
+//! put with 100 clients +2.5 %, bench/README.md). With nothing queued the answers go at once,
+//! so a lone client waits for nothing more.
+//!
 //! The same task is also the only place that stamps time, so stamps enter the log in order and
 //! `Entry::time_ms` never goes backwards.
 
@@ -220,11 +227,21 @@ async fn run(
         Submitted::One(p) => backlog.push_back(p),
         Submitted::Many(ps) => backlog.extend(ps),
     };
+    // The last batch's outcome, not yet handed out: the next batch goes to Raft first, so the
+    // Raft core's append is queued on the runtime ahead of the answers' tasks.
+    let mut outcome_to_deliver: Option<(Outcome, Vec<Waiter>)> = None;
     loop {
         if backlog.is_empty() {
-            match rx.recv().await {
-                Some(s) => push(&mut backlog, s),
-                None => return,
+            if let Ok(s) = rx.try_recv() {
+                push(&mut backlog, s);
+            } else {
+                if let Some((res, waiters)) = outcome_to_deliver.take() {
+                    deliver(res, waiters, &shutting_down);
+                }
+                match rx.recv().await {
+                    Some(s) => push(&mut backlog, s),
+                    None => return,
+                }
             }
         }
         let mut bytes = 0usize;
@@ -255,7 +272,11 @@ async fn run(
         let (commands, waiters): (Vec<Command>, Vec<_>) =
             batch.into_iter().map(|p| (p.command, p.done)).unzip();
         cached_histogram!("baton_raft_proposal_batch_size").record(commands.len() as f64);
-        match raft.client_write_ff(Request { time_ms, commands }).await {
+        let submitted = raft.client_write_ff(Request { time_ms, commands }).await;
+        if let Some((res, previous)) = outcome_to_deliver.take() {
+            deliver(res, previous, &shutting_down);
+        }
+        match submitted {
             Err(f) => {
                 let e = fatal_error(&f, shutting_down.load(Ordering::Acquire));
                 for w in waiters {
@@ -266,7 +287,7 @@ async fn run(
             // this task. A task of its own per batch cost a spawn and two more task switches on
             // every lone client's put, for nothing: this task had to wait for it anyway.
             Ok(mut outcome) => match tokio::time::timeout(timeout, &mut outcome).await {
-                Ok(res) => deliver(res, waiters, &shutting_down),
+                Ok(res) => outcome_to_deliver = Some((res, waiters)),
                 // Stuck past `timeout`: it no longer holds the road (the callers' own
                 // timeouts have answered them by now); its results are still delivered if
                 // they come.
@@ -281,6 +302,8 @@ async fn run(
         }
     }
 }
+
+type Waiter = oneshot::Sender<Result<Proposed, ProposeError>>;
 
 type ResponseRx = openraft::raft::responder::OneshotResponder<crate::types::TypeConfig>;
 type ResponseReceiver =
