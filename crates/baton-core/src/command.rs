@@ -422,7 +422,9 @@ pub struct RangeResponse {
 /// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct PutRequest {
+    #[serde(with = "serde_bytes")]
     pub key: Vec<u8>,
+    #[serde(with = "serde_bytes")]
     pub value: Vec<u8>,
     pub lease: LeaseId,
     pub prev_kv: bool,
@@ -467,7 +469,7 @@ pub enum CompareTarget {
     Version(i64),
     Create(i64),
     Mod(i64),
-    Value(Vec<u8>),
+    Value(#[serde(with = "serde_bytes")] Vec<u8>),
     Lease(i64),
 }
 

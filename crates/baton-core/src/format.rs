@@ -23,7 +23,10 @@
 //! - the type of a field or a variant's payload does not change either (an `i64` is not a
 //!   `u64`, a `Vec` is not an `Option`), since that too changes the bytes. Wrapping a field's
 //!   type in a newtype struct (`FencingToken(i64)` for an `i64`) is not a change: bincode
-//!   encodes a newtype struct as what it wraps.
+//!   encodes a newtype struct as what it wraps. Nor is `#[serde(with = "serde_bytes")]` on a
+//!   `Vec<u8>` (done on the hot byte fields — keys, values — because serde writes a plain
+//!   `Vec<u8>` one `u8` call at a time): bincode writes bytes exactly as a sequence of `u8`s,
+//!   the length and then the bytes, and the golden files pin it.
 //!
 //! # How it is enforced
 //! Golden bytes: one encoded value of every variant of `Command`, `Response`, `KvError`,

@@ -94,11 +94,13 @@ pub struct Term(pub u64);
 /// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct KeyValue {
+    #[serde(with = "serde_bytes")]
     pub key: Vec<u8>,
     pub create_revision: Revision,
     pub mod_revision: Revision,
     /// 1 on creation, +1 per modification; 0 only in a delete event's `kv`.
     pub version: i64,
+    #[serde(with = "serde_bytes")]
     pub value: Vec<u8>,
     pub lease: LeaseId,
 }
@@ -132,7 +134,9 @@ pub struct Event {
 /// Persisted: see [`crate::format`] (fields never reorder).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct KeyRange {
+    #[serde(with = "serde_bytes")]
     pub key: Vec<u8>,
+    #[serde(with = "serde_bytes")]
     pub range_end: Vec<u8>,
 }
 

@@ -255,16 +255,18 @@ impl fmt::Debug for Value {
     }
 }
 
-/// Exactly as the `Box<[u8]>` it replaced (a sequence of bytes), wherever the value is kept.
+/// Exactly as the `Box<[u8]>` it replaced (a sequence of bytes), wherever the value is kept:
+/// written with `serialize_bytes`, for which bincode writes what it writes for a sequence of
+/// `u8`s (the length, then the bytes) in one copy instead of a call per byte.
 impl Serialize for Value {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        <[u8]>::serialize(&self.bytes(), s)
+        serde_bytes::serialize(&*self.bytes(), s)
     }
 }
 
 impl<'de> Deserialize<'de> for Value {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Ok(Value::Heap(Box::<[u8]>::deserialize(d)?))
+        Ok(Value::Heap(serde_bytes::deserialize::<Box<[u8]>, D>(d)?))
     }
 }
 
