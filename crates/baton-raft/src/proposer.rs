@@ -52,7 +52,7 @@ const MAX_QUEUED_BYTES: usize = 256 << 20;
 struct Pending {
     command: Command,
     bytes: usize,
-    done: oneshot::Sender<Result<Proposed, ProposeError>>,
+    done: Waiter,
 }
 
 /// What waits in the queue (added on send, removed when the proposer task takes it).
@@ -303,6 +303,7 @@ async fn run(
     }
 }
 
+/// Where one proposal's result goes.
 type Waiter = oneshot::Sender<Result<Proposed, ProposeError>>;
 
 type ResponseRx = openraft::raft::responder::OneshotResponder<crate::types::TypeConfig>;
@@ -311,12 +312,8 @@ type ResponseReceiver =
 type Outcome = <ResponseReceiver as std::future::Future>::Output;
 
 /// Hands each proposer of a batch its own result.
-fn deliver(
-    res: Outcome,
-    waiters: Vec<oneshot::Sender<Result<Proposed, ProposeError>>>,
-    shutting_down: &AtomicBool,
-) {
-    let fail = |waiters: Vec<oneshot::Sender<_>>, e: ProposeError| {
+fn deliver(res: Outcome, waiters: Vec<Waiter>, shutting_down: &AtomicBool) {
+    let fail = |waiters: Vec<Waiter>, e: ProposeError| {
         for w in waiters {
             let _ = w.send(Err(e.clone()));
         }
