@@ -14,10 +14,18 @@ use imbl::Vector;
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Serialize};
 
-/// A key as the store holds it: exactly its bytes (a `Vec` would add a capacity word and,
-/// from a request buffer, possibly slack). Serializes exactly like `Vec<u8>`, so snapshots
-/// written before the change read back unchanged.
-pub(crate) type Key = Box<[u8]>;
+/// A key as the store holds it: up to 16 bytes inside the key map's node itself, longer
+/// ones in one exact heap allocation. Why inline: every put walks the key map comparing its
+/// key against ~4 keys per node on ~5 levels (100k keys); with a `Box<[u8]>` each comparison
+/// followed a pointer to another cache line. Measured at 100k keys of 8 bytes (etcd's
+/// benchmark keys), single node, put with 100 clients: the apply's share of the worker
+/// 22 % → 17 % (the binary search 40 % → 24 % of it), throughput +2.3 % (four alternating
+/// pairs). 24 bytes (smallvec's `union` layout), as many as the box and its 8-byte
+/// allocation took. Serializes exactly like the `Box<[u8]>` it replaced (a sequence of
+/// bytes), so snapshots written before the change read back unchanged (golden files).
+pub(crate) type Key = smallvec::SmallVec<[u8; 16]>;
+// The size the doc above counts on (without `union` it would be 32).
+const _: () = assert!(std::mem::size_of::<Key>() == 24);
 
 /// The keys changed at one revision, in operation order. Almost every revision changes one
 /// key, so that one is held inline: a vector per revision cost an allocation (32 bytes with

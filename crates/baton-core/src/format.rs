@@ -26,7 +26,8 @@
 //!   encodes a newtype struct as what it wraps. Nor is `#[serde(with = "serde_bytes")]` on a
 //!   `Vec<u8>` (done on the hot byte fields — keys, values — because serde writes a plain
 //!   `Vec<u8>` one `u8` call at a time): bincode writes bytes exactly as a sequence of `u8`s,
-//!   the length and then the bytes, and the golden files pin it.
+//!   the length and then the bytes, and the golden files pin it. Nor is holding bytes in
+//!   a `SmallVec<[u8; N]>` (the key map's keys): it serializes as the same sequence.
 //!
 //! # How it is enforced
 //! Golden bytes: one encoded value of every variant of `Command`, `Response`, `KvError`,

@@ -29,6 +29,9 @@ pub const DEFAULT_SIMPLE_TOKEN_TTL: Duration = Duration::from_secs(300);
 pub const DEFAULT_JWT_TTL: Duration = Duration::from_secs(300);
 /// etcd's `--bcrypt-cost` default (`bcrypt.DefaultCost`).
 pub const DEFAULT_BCRYPT_COST: u32 = 10;
+/// The metadata key etcd's clients send their token under (`authorization` is the other),
+/// parsed once: every call is identified, and a lookup by `&str` parses the name each time.
+const TOKEN_HEADER: http::HeaderName = http::HeaderName::from_static("token");
 /// Length of a simple token's random part, from etcd's alphabet (`simple_token.go`).
 const SIMPLE_TOKEN_LENGTH: usize = 16;
 const SIMPLE_TOKEN_LETTERS: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
@@ -219,9 +222,10 @@ impl Authenticator {
         metadata: &MetadataMap,
         conn: Option<&ClientConnectInfo>,
     ) -> Result<Option<AuthInfo>, IdentityError> {
-        let token = metadata
-            .get("token")
-            .or_else(|| metadata.get("authorization"))
+        let headers: &http::HeaderMap = metadata.as_ref();
+        let token = headers
+            .get(TOKEN_HEADER)
+            .or_else(|| headers.get(http::header::AUTHORIZATION))
             .and_then(|v| v.to_str().ok());
         if let Some(token) = token {
             return self.identify_token(sm, now_ms, token).map(Some);

@@ -96,9 +96,12 @@ impl UnaryKv {
     }
 }
 
+/// `grpc-encoding`, parsed once: a lookup by `&str` parses the name on every call.
+const GRPC_ENCODING: http::HeaderName = http::HeaderName::from_static("grpc-encoding");
+
 /// A request tonic would decode without compression: no `grpc-encoding`, or `identity`.
 fn uncompressed<B>(request: &http::Request<B>) -> bool {
-    match request.headers().get("grpc-encoding") {
+    match request.headers().get(GRPC_ENCODING) {
         None => true,
         Some(v) => v.as_bytes() == b"identity",
     }

@@ -119,7 +119,7 @@ where
         Poll::Ready(match res {
             Ok(resp) => {
                 // A trailers-only answer (an error before any message) has its status here.
-                if let Some(status) = resp.headers().get("grpc-status") {
+                if let Some(status) = resp.headers().get(tonic::Status::GRPC_STATUS) {
                     pending.handled(grpc::code_index(status.as_bytes()));
                 }
                 Ok(resp.map(|inner| CountedResponse {
@@ -204,7 +204,7 @@ impl<B: Body<Data = Bytes>> Body for CountedResponse<B> {
                     p.meters.sent(p.method, messages, bytes);
                 } else if let Some(trailers) = f.trailers_ref() {
                     let code = trailers
-                        .get("grpc-status")
+                        .get(tonic::Status::GRPC_STATUS)
                         .map_or(UNKNOWN_CODE, |s| grpc::code_index(s.as_bytes()));
                     this.pending.handled(code);
                 }
