@@ -21,8 +21,9 @@ use serde::{Deserialize, Serialize};
 /// benchmark keys), single node, put with 100 clients: the apply's share of the worker
 /// 22 % → 17 % (the binary search 40 % → 24 % of it), throughput +2.3 % (four alternating
 /// pairs). 24 bytes (smallvec's `union` layout): as many as the box and its 8-byte
-/// allocation took for such a key, 8 more than the box for a key over 16 bytes. Serializes exactly like the `Box<[u8]>` it replaced (a sequence of
-/// bytes), so snapshots written before the change read back unchanged (golden files).
+/// allocation took for such a key, 8 more than the box for a key over 16 bytes.
+/// Serializes exactly like the `Box<[u8]>` it replaced (a sequence of bytes), so snapshots
+/// written before the change read back unchanged (golden files).
 pub(crate) type Key = smallvec::SmallVec<[u8; 16]>;
 // The size the doc above counts on (without `union` it would be 32).
 const _: () = assert!(std::mem::size_of::<Key>() == 24);
