@@ -16,7 +16,9 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use http::{HeaderMap, Method, Request, Uri};
+use http::header::{CONTENT_TYPE, TE};
+use http::uri::PathAndQuery;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
 use prost::Message;
 
 /// A gRPC path, e.g. `/etcdserverpb.KV/Put`.
@@ -25,6 +27,15 @@ pub type Path = &'static str;
 pub const KV_PUT: Path = "/etcdserverpb.KV/Put";
 pub const KV_RANGE: Path = "/etcdserverpb.KV/Range";
 pub const KV_TXN: Path = "/etcdserverpb.KV/Txn";
+
+/// What keeps a connection's HTTP/2 state moving (reads responses, writes requests): a
+/// future that ends when the connection closes. [`H2Conn::connect`] spawns it on its own
+/// task; [`H2Conn::connect_driven`] hands it to the caller, to poll in the task that also
+/// runs the connection's requests (see [`crate::kv`]).
+pub type Driver = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// etcd's metadata key for the auth token.
+const TOKEN: HeaderName = HeaderName::from_static("token");
 
 /// One HTTP/2 connection. Clones share it (many requests in flight on it at once).
 #[derive(Clone)]
@@ -40,6 +51,15 @@ impl H2Conn {
     /// Connects to `endpoint` (`host:port`, `http://host:port`, or `https://host:port` with
     /// this process's client TLS, `security`).
     pub async fn connect(endpoint: &str) -> Result<H2Conn> {
+        let (conn, driver) = H2Conn::connect_driven(endpoint).await?;
+        // Ends when the connection closes; requests then fail with the reason.
+        tokio::spawn(driver);
+        Ok(conn)
+    }
+
+    /// [`H2Conn::connect`] without spawning the connection's [`Driver`]: the caller polls
+    /// it, or no request on the connection ever completes.
+    pub async fn connect_driven(endpoint: &str) -> Result<(H2Conn, Driver)> {
         let tls = endpoint.starts_with("https://");
         let authority: http::uri::Authority = endpoint
             .trim_start_matches("http://")
@@ -59,7 +79,7 @@ impl H2Conn {
         builder
             .initial_window_size(1 << 20)
             .initial_connection_window_size(8 << 20);
-        let send = if tls {
+        let (send, driver) = if tls {
             let name = rustls_pki_types::ServerName::try_from(authority.host().to_string())
                 .with_context(|| format!("TLS server name of {endpoint}"))?;
             let stream = tokio_rustls::TlsConnector::from(crate::security::rustls_config()?)
@@ -70,31 +90,31 @@ impl H2Conn {
                 .handshake::<_, Bytes>(stream)
                 .await
                 .with_context(|| format!("HTTP/2 handshake with {endpoint}"))?;
-            // Ends when the connection closes; requests then fail with the reason.
-            tokio::spawn(async move {
+            let driver: Driver = Box::pin(async move {
                 let _ = connection.await;
             });
-            send
+            (send, driver)
         } else {
             let (send, connection) = builder
                 .handshake::<_, Bytes>(tcp)
                 .await
                 .with_context(|| format!("HTTP/2 handshake with {endpoint}"))?;
-            tokio::spawn(async move {
+            let driver: Driver = Box::pin(async move {
                 let _ = connection.await;
             });
-            send
+            (send, driver)
         };
         let token = crate::security::token_for(endpoint)
             .map(|t| http::HeaderValue::from_str(&t))
             .transpose()
             .context("the auth token is not a header value")?;
-        Ok(H2Conn {
+        let conn = H2Conn {
             send,
             authority,
             scheme: if tls { "https" } else { "http" },
             token,
-        })
+        };
+        Ok((conn, driver))
     }
 
     /// One unary call: `req` to `path`, the decoded response back. The request is encoded
@@ -113,18 +133,20 @@ impl H2Conn {
         let uri = Uri::builder()
             .scheme(self.scheme)
             .authority(self.authority)
-            .path_and_query(path)
+            .path_and_query(PathAndQuery::from_static(path))
             .build()
             .context("request URI")?;
         let mut request = Request::builder()
             .method(Method::POST)
             .uri(uri)
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
             .body(())
             .context("request")?;
+        // Names and values made once, not parsed from strings on every request.
+        let headers = request.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        headers.insert(TE, HeaderValue::from_static("trailers"));
         if let Some(token) = &self.token {
-            request.headers_mut().insert("token", token.clone());
+            headers.insert(TOKEN, token.clone());
         }
         let mut send = self.send.ready().await.context("HTTP/2 connection")?;
         let (response, mut stream) = send

@@ -110,19 +110,23 @@ pub async fn run(
         prepare(endpoints, load.value_size).await?;
     }
     let n = load.conns.min(load.clients).max(1);
-    let conns: Vec<Conn> = match load.client {
-        ClientImpl::Tonic => engine::channels(endpoints, n)
-            .await?
-            .into_iter()
-            .map(|ch| Conn::Tonic(KvClient::new(ch)))
-            .collect(),
+    // The h2 connections' drivers, polled by the task that runs the connection's clients.
+    let (conns, drivers): (Vec<Conn>, Vec<grpc::Driver>) = match load.client {
+        ClientImpl::Tonic => (
+            engine::channels(endpoints, n)
+                .await?
+                .into_iter()
+                .map(|ch| Conn::Tonic(KvClient::new(ch)))
+                .collect(),
+            Vec::new(),
+        ),
         ClientImpl::H2 => futures::future::try_join_all(
-            (0..n).map(|i| grpc::H2Conn::connect(&endpoints[i % endpoints.len()])),
+            (0..n).map(|i| grpc::H2Conn::connect_driven(&endpoints[i % endpoints.len()])),
         )
         .await?
         .into_iter()
-        .map(Conn::H2)
-        .collect(),
+        .map(|(conn, driver)| (Conn::H2(conn), driver))
+        .unzip(),
     };
     let value = Arc::new(random_value(load.value_size, 1));
     let (warmup, duration) = match load.total {
@@ -147,23 +151,33 @@ pub async fn run(
     );
     let cpu = CpuWindow::start(window, None);
     let cpu_start = engine::process_cpu_secs(None);
-    let tasks: Vec<_> = (0..load.clients)
-        .map(|id| {
-            let worker = Worker {
-                conn: conns[id % conns.len()].clone(),
-                op: load.op,
-                key_space: load.key_space,
-                total: load.total,
-                key_offset: load.key_offset,
-                next_key: Arc::clone(&next_key),
-                value: Arc::clone(&value),
-                rng: StdRng::seed_from_u64(id as u64 + 1),
-                window,
-                counter: counter.clone(),
-            };
-            tokio::spawn(worker.run())
-        })
-        .collect();
+    let workers = (0..load.clients).map(|id| Worker {
+        conn: conns[id % conns.len()].clone(),
+        op: load.op,
+        key_space: load.key_space,
+        total: load.total,
+        key_offset: load.key_offset,
+        next_key: Arc::clone(&next_key),
+        value: Arc::clone(&value),
+        rng: StdRng::seed_from_u64(id as u64 + 1),
+        window,
+        counter: counter.clone(),
+    });
+    let tasks: Vec<tokio::task::JoinHandle<Result<Tally>>> = if drivers.is_empty() {
+        // tonic: a task per client (the channel has its own tasks).
+        workers.map(|w| tokio::spawn(w.run())).collect()
+    } else {
+        // h2: a task per connection, running its clients and its driver (see `on_one_task`).
+        let mut groups: Vec<Vec<Worker>> = (0..drivers.len()).map(|_| Vec::new()).collect();
+        for (id, worker) in workers.enumerate() {
+            groups[id % drivers.len()].push(worker);
+        }
+        groups
+            .into_iter()
+            .zip(drivers)
+            .map(|(group, driver)| tokio::spawn(on_one_task(group, driver)))
+            .collect()
+    };
     // No per-request timer on the hot path: a request still unanswered REQUEST_TIMEOUT after
     // the window (a wedged server) ends its client instead, counted as an error.
     let give_up = tokio::time::Instant::from_std(window.close + engine::REQUEST_TIMEOUT);
@@ -223,6 +237,45 @@ pub fn label(load: &KvLoad) -> String {
             load.conns.min(load.clients)
         )
     }
+}
+
+/// Runs one connection's clients and its [`grpc::Driver`] on one task, the clients polled
+/// first; their tallies merged.
+///
+/// Why: with a task per client and the connection on a task of its own, every request
+/// crosses tasks twice (the client's stream wakes the connection's task to write it; the
+/// response read wakes the client's task), often between the runtime's two threads, and each
+/// response arrives in its own wake-up. On one task, whatever the connection's read
+/// delivered is consumed by every woken client, and the requests they send next are all
+/// queued before the connection writes them out together: the same shape as the server's
+/// cheapest HTTP/2 variant in `bench/http2-stack`. The client shares the 2 cores with the
+/// server under test, so what it saves per request goes to the server (bench/README.md).
+async fn on_one_task(workers: Vec<Worker>, driver: grpc::Driver) -> Result<Tally> {
+    use futures::stream::FuturesUnordered;
+    use futures::{FutureExt as _, StreamExt as _};
+    use std::task::Poll;
+
+    let mut clients: FuturesUnordered<_> = workers.into_iter().map(Worker::run).collect();
+    // `None` once the connection has closed: its requests then fail by themselves.
+    let mut driver = Some(driver);
+    let mut total = Tally::new();
+    std::future::poll_fn(|cx| {
+        loop {
+            match clients.poll_next_unpin(cx) {
+                Poll::Ready(Some(tally)) => total.merge(tally?)?,
+                Poll::Ready(None) => return Poll::Ready(Ok(())),
+                Poll::Pending => break,
+            }
+        }
+        if driver.as_mut().is_some_and(|d| d.poll_unpin(cx).is_ready()) {
+            driver = None;
+            // What the close failed is for the clients to see: poll them again.
+            cx.waker().wake_by_ref();
+        }
+        Poll::Pending
+    })
+    .await
+    .map(|()| total)
 }
 
 /// A connection as one client uses it.
