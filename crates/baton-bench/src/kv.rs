@@ -446,6 +446,75 @@ mod tests {
         assert_eq!(keys.len(), 1_000_000);
     }
 
+    /// A gRPC server on `h2` that answers the first `answered` puts of each connection and
+    /// then closes it; its address.
+    async fn server_closing_after(answered: usize) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut conn = h2::server::handshake(tcp).await.unwrap();
+                    for _ in 0..answered {
+                        let Some(Ok((_request, mut respond))) = conn.accept().await else {
+                            return;
+                        };
+                        let head = http::Response::builder()
+                            .header("content-type", "application/grpc")
+                            .body(())
+                            .unwrap();
+                        let mut body = respond.send_response(head, false).unwrap();
+                        body.send_data(grpc::frame(&PutResponse::default()), false)
+                            .unwrap();
+                        let mut trailers = http::HeaderMap::new();
+                        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                        body.send_trailers(trailers).unwrap();
+                    }
+                    // Flushes the answers, then the connection goes away with `conn`.
+                    let _ = tokio::time::timeout(Duration::from_millis(50), async {
+                        while conn.accept().await.is_some() {}
+                    })
+                    .await;
+                });
+            }
+        });
+        addr
+    }
+
+    /// The clients of one connection share its task (`on_one_task`): when the connection
+    /// closes under them they fail, keep failing until the window closes, and the run ends
+    /// with what succeeded before and the errors counted, instead of waiting for answers
+    /// that cannot come.
+    #[tokio::test]
+    async fn clients_of_a_closed_connection_end_with_the_window() {
+        let endpoint = server_closing_after(3).await;
+        let load = KvLoad {
+            op: KvOp::Put,
+            clients: 4,
+            conns: 2,
+            key_space: 10,
+            value_size: 8,
+            total: None,
+            key_offset: 0,
+            client: ClientImpl::H2,
+        };
+        let run = tokio::time::timeout(
+            Duration::from_secs(30),
+            run(
+                &[endpoint],
+                &load,
+                Duration::ZERO,
+                Duration::from_millis(500),
+                false,
+            ),
+        )
+        .await
+        .expect("the run ends")
+        .expect("some puts succeeded");
+        assert_eq!(run.ops, 6, "three answered on each of the two connections");
+        assert!(run.errors > 0, "{run:?}");
+    }
+
     #[test]
     fn labels() {
         let load = |op, clients, conns| KvLoad {
