@@ -511,7 +511,9 @@ mod tests {
         .await
         .expect("the run ends")
         .expect("some puts succeeded");
-        assert_eq!(run.ops, 6, "three answered on each of the two connections");
+        // Three answered on each of the two connections; the close may beat an answer to
+        // the client (a reset discards what it had not read yet), never add one.
+        assert!((1..=6).contains(&run.ops), "{run:?}");
         assert!(run.errors > 0, "{run:?}");
     }
 
