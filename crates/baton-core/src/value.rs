@@ -46,6 +46,38 @@ pub trait SegmentRead: Send + Sync + fmt::Debug {
     /// there: an implementation that cannot read them intact stops the process (the member's
     /// data is safe in its log and snapshot; a restart rebuilds the file).
     fn read(&self, offset: u64, len: usize) -> Vec<u8>;
+
+    /// The same bytes as [`SegmentRead::read`], for a reader going through many values in
+    /// about the order they were stored (see [`ReadAhead`]). `window` is what the previous
+    /// such call on this segment left in it (empty at first); an implementation may read
+    /// ahead into it, so that the values that follow come from memory instead of a read
+    /// each. The default reads each value alone.
+    fn read_in_order(&self, offset: u64, len: usize, window: &mut Window) -> Vec<u8> {
+        let _ = window;
+        self.read(offset, len)
+    }
+}
+
+/// Bytes of one segment from `start` on, kept between [`SegmentRead::read_in_order`] calls;
+/// what they hold is the implementation's business.
+#[derive(Debug, Default)]
+pub struct Window {
+    pub start: u64,
+    pub bytes: Vec<u8>,
+}
+
+/// A reader's place in the spill, for reading many values in the order they were stored.
+///
+/// Why: a snapshot or a backup reads every retained value in revision order, which is the
+/// order values enter the store and so the order they were spilled in. Read one `pread`
+/// each, a member with 500k values spent 43 % of a snapshot's CPU in the system call
+/// (`perf`, single node, put with 100 clients); read ahead a window at a time, a syscall
+/// serves thousands of them.
+#[derive(Debug, Default)]
+pub struct ReadAhead {
+    /// The segment `window` belongs to (kept alive so the comparison means the same one).
+    segment: Option<Arc<Segment>>,
+    window: Window,
 }
 
 /// One file (or part of one) of spilled values, with what the store still refers to in it.
@@ -160,6 +192,29 @@ impl Value {
             Value::Heap(b) => Cow::Borrowed(b),
             Value::Spilled { segment, packed } => {
                 Cow::Owned(segment.read(packed >> LEN_BITS, self.len()))
+            }
+        }
+    }
+
+    /// [`Value::bytes`], through `ahead` (see [`ReadAhead`]).
+    pub(crate) fn bytes_in_order(&self, ahead: &mut ReadAhead) -> Cow<'_, [u8]> {
+        match self {
+            Value::Heap(b) => Cow::Borrowed(b),
+            Value::Spilled { segment, packed } => {
+                if !ahead
+                    .segment
+                    .as_ref()
+                    .is_some_and(|s| Arc::ptr_eq(s, segment))
+                {
+                    ahead.segment = Some(segment.clone());
+                    ahead.window.start = 0;
+                    ahead.window.bytes.clear();
+                }
+                Cow::Owned(segment.reader.read_in_order(
+                    packed >> LEN_BITS,
+                    self.len(),
+                    &mut ahead.window,
+                ))
             }
         }
     }

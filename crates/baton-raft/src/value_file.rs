@@ -38,7 +38,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
-use baton_core::value::{Segment, SegmentRead, ValueSpill, MAX_SEGMENT_OFFSET};
+use baton_core::value::{Segment, SegmentRead, ValueSpill, Window, MAX_SEGMENT_OFFSET};
 use parking_lot::Mutex;
 
 use crate::space::{self, RateLimit};
@@ -52,6 +52,17 @@ pub(crate) const FLUSH_AT: usize = 256 << 10;
 
 /// Bytes before a record's value: its length and the CRC-32 of the value.
 const HEADER: usize = 8;
+
+/// How much a read in order ([`SegmentRead::read_in_order`]) reads ahead: a few thousand
+/// values of a few hundred bytes per `pread`.
+const READ_AHEAD_BYTES: usize = 1 << 20;
+
+/// A record at most this far past the end of the window still counts as the next in order
+/// (values of versions compacted away, or of keys stored between, leave gaps); one further
+/// away, or before the window, is read alone, as [`SegmentFile::read`] reads it: a reader
+/// jumping around the file (a store spilled in key order at a restart, then read in
+/// revision order) costs a `pread` per value, as before, never a window per value.
+const READ_AHEAD_GAP: u64 = 64 << 10;
 
 const _: () = assert!(SEGMENT_BYTES + (16 << 20) < MAX_SEGMENT_OFFSET);
 
@@ -446,19 +457,62 @@ impl SegmentFile {
                 .read_exact_at(&mut record, offset)
                 .map_err(|e| format!("reading {} bytes at {offset}: {e}", record.len()))?;
         }
-        let stored_len = u32::from_le_bytes(record[0..4].try_into().expect("4 bytes"));
-        let crc = u32::from_le_bytes(record[4..8].try_into().expect("4 bytes"));
-        if stored_len as usize != len {
-            return Err(format!(
-                "record at {offset} holds {stored_len} bytes, the store expects {len}"
-            ));
-        }
-        let value = record.split_off(HEADER);
-        if crc32fast::hash(&value) != crc {
-            return Err(format!("record at {offset} fails its checksum"));
-        }
-        Ok(value)
+        check_record(&record, offset, len)?;
+        Ok(record.split_off(HEADER))
     }
+
+    /// [`SegmentFile::read`] for a reader going through the file in order: a record inside
+    /// `window` is taken from it; one that starts at most [`READ_AHEAD_GAP`] past its end
+    /// refills it with up to [`READ_AHEAD_BYTES`] of the file from that record on; any other
+    /// is read alone and leaves the window empty just after it. Only bytes below `flushed`
+    /// go into a window (they never change); a record still in the buffer is read from there.
+    fn read_in_order(
+        &self,
+        offset: u64,
+        len: usize,
+        window: &mut Window,
+    ) -> Result<Vec<u8>, String> {
+        let need = HEADER + len;
+        let start = window.start;
+        let end = start + window.bytes.len() as u64;
+        if offset >= start && offset + need as u64 <= end {
+            let at = (offset - start) as usize;
+            let record = &window.bytes[at..at + need];
+            check_record(record, offset, len)?;
+            return Ok(record[HEADER..].to_vec());
+        }
+        let next_in_order = offset >= end && offset - end <= READ_AHEAD_GAP;
+        let flushed = self.pending.lock().flushed;
+        if !next_in_order || offset + need as u64 > flushed {
+            window.start = offset + need as u64;
+            window.bytes.clear();
+            return self.read(offset, len);
+        }
+        let fill = (flushed - offset).min(READ_AHEAD_BYTES as u64) as usize;
+        window.bytes.resize(fill.max(need), 0);
+        window.start = offset;
+        self.file
+            .read_exact_at(&mut window.bytes, offset)
+            .map_err(|e| format!("reading {fill} bytes at {offset}: {e}"))?;
+        check_record(&window.bytes[..need], offset, len)?;
+        Ok(window.bytes[HEADER..need].to_vec())
+    }
+}
+
+/// Checks that `record` (header and value) is the record of a value of `len` bytes.
+fn check_record(record: &[u8], offset: u64, len: usize) -> Result<(), String> {
+    debug_assert_eq!(record.len(), HEADER + len);
+    let stored_len = u32::from_le_bytes(record[0..4].try_into().expect("4 bytes"));
+    let crc = u32::from_le_bytes(record[4..8].try_into().expect("4 bytes"));
+    if stored_len as usize != len {
+        return Err(format!(
+            "record at {offset} holds {stored_len} bytes, the store expects {len}"
+        ));
+    }
+    if crc32fast::hash(&record[HEADER..]) != crc {
+        return Err(format!("record at {offset} fails its checksum"));
+    }
+    Ok(())
 }
 
 /// What the core's [`Segment`] reads through.
@@ -470,9 +524,10 @@ impl std::fmt::Debug for Reader {
     }
 }
 
-impl SegmentRead for Reader {
-    fn read(&self, offset: u64, len: usize) -> Vec<u8> {
-        match self.0.read(offset, len) {
+impl Reader {
+    /// The value read, or the member stopped: see the module docs.
+    fn value_or_stop(&self, read: Result<Vec<u8>, String>) -> Vec<u8> {
+        match read {
             Ok(value) => value,
             Err(reason) => {
                 // Not a panic: one caught by the runtime would fail one request and leave a
@@ -485,6 +540,16 @@ impl SegmentRead for Reader {
                 std::process::abort();
             }
         }
+    }
+}
+
+impl SegmentRead for Reader {
+    fn read(&self, offset: u64, len: usize) -> Vec<u8> {
+        self.value_or_stop(self.0.read(offset, len))
+    }
+
+    fn read_in_order(&self, offset: u64, len: usize, window: &mut Window) -> Vec<u8> {
+        self.value_or_stop(self.0.read_in_order(offset, len, window))
     }
 }
 
@@ -534,6 +599,92 @@ mod tests {
                 .map(|(_, _, v)| (HEADER + v.len()) as u64)
                 .sum::<u64>()
         );
+    }
+
+    #[test]
+    fn values_read_in_order_come_from_a_window_and_match_every_other_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = ValueFile::new(dir.path(), 0);
+        // Several windows' worth written out, the last records still in the buffer.
+        let handles: Vec<_> = (0..12_000u32)
+            .map(|i| {
+                let v = value(i, 64 + (i as usize % 300));
+                let (_, off) = file.store(&v).unwrap();
+                (off, v)
+            })
+            .collect();
+        let segment = file.state.lock().current.as_ref().unwrap().file.clone();
+        let flushed = segment.pending.lock().flushed;
+        assert!(
+            flushed > 2 * READ_AHEAD_BYTES as u64,
+            "several windows in the file"
+        );
+        assert!(
+            handles.last().unwrap().0 >= flushed,
+            "the last records are still in the buffer"
+        );
+        let read_all = |order: &mut dyn Iterator<Item = usize>| -> usize {
+            let mut window = Window::default();
+            let mut refills = 0;
+            for i in order {
+                let (off, v) = &handles[i];
+                let before = (window.start, window.bytes.len());
+                let got = segment.read_in_order(*off, v.len(), &mut window).unwrap();
+                assert_eq!(&got, v, "value {i}");
+                if window.bytes.len() > HEADER + v.len()
+                    && (window.start, window.bytes.len()) != before
+                {
+                    refills += 1;
+                }
+            }
+            refills
+        };
+        // In order: a window per READ_AHEAD_BYTES of the file, not a read per value.
+        let refills = read_all(&mut (0..handles.len()));
+        let windows = flushed.div_ceil(READ_AHEAD_BYTES as u64) as usize;
+        assert!(
+            (windows - 1..=windows + 1).contains(&refills),
+            "{refills} refills for {windows} windows"
+        );
+        // Every other order reads the same bytes (alone where it jumps).
+        assert_eq!(
+            read_all(&mut (0..handles.len()).rev()),
+            0,
+            "backwards: no window"
+        );
+        read_all(&mut (0..handles.len()).step_by(7));
+        let mut scattered: Vec<usize> = (0..handles.len()).collect();
+        scattered.sort_by_key(|i| (i * 7919) % handles.len());
+        read_all(&mut scattered.into_iter());
+    }
+
+    #[test]
+    fn a_damaged_record_read_through_a_window_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = ValueFile::new(dir.path(), 0);
+        let handles: Vec<_> = (0..4000u32)
+            .map(|i| {
+                let v = value(i, 200);
+                (file.store(&v).unwrap().1, v)
+            })
+            .collect();
+        let segment = file.state.lock().current.as_ref().unwrap().file.clone();
+        // One byte of the 11th value changed in the file, under the store's feet.
+        let (off, _) = handles[10];
+        segment
+            .file
+            .write_all_at(&[0xff], off + HEADER as u64 + 3)
+            .unwrap();
+        let mut window = Window::default();
+        for (i, (off, v)) in handles.iter().enumerate().take(20) {
+            let got = segment.read_in_order(*off, v.len(), &mut window);
+            if i == 10 {
+                let e = got.unwrap_err();
+                assert!(e.contains("checksum"), "{e}");
+            } else {
+                assert_eq!(&got.unwrap(), v);
+            }
+        }
     }
 
     #[test]

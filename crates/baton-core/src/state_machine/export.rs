@@ -6,6 +6,7 @@ use std::borrow::Cow;
 
 use crate::mvcc::{Key, Version};
 use crate::types::LeaseId;
+use crate::value::ReadAhead;
 
 use super::store::StateMachine;
 
@@ -39,7 +40,12 @@ pub struct LeaseExport {
     pub remaining_ttl_s: Option<i64>,
 }
 
-fn version_ref<'a>(key: &'a Key, v: &'a Version, sub: i64) -> VersionRef<'a> {
+fn version_ref<'a>(
+    key: &'a Key,
+    v: &'a Version,
+    sub: i64,
+    ahead: &mut ReadAhead,
+) -> VersionRef<'a> {
     VersionRef {
         key,
         mod_revision: v.mod_revision,
@@ -48,7 +54,7 @@ fn version_ref<'a>(key: &'a Key, v: &'a Version, sub: i64) -> VersionRef<'a> {
             create_revision: l.create_revision,
             version: l.version,
             lease: l.lease,
-            value: l.value.bytes(),
+            value: l.value.bytes_in_order(ahead),
         }),
     }
 }
@@ -82,44 +88,46 @@ impl StateMachine {
         // walked alongside rather than searched.
         let mut changes = self.store.changes().iter();
         let mut next = 0;
-        // A txn's versions in operation order, last first (popped).
-        let mut pending: Vec<VersionRef<'_>> = Vec::new();
+        // A txn's versions in operation order, last first (popped). Their values are read
+        // as they are popped, so in the order they were stored (see `ReadAhead`).
+        let mut pending: Vec<(&Key, &Version, i64)> = Vec::new();
+        let mut ahead = ReadAhead::default();
         std::iter::from_fn(move || {
-            if let Some(v) = pending.pop() {
-                return Some(v);
+            if pending.is_empty() {
+                let &(rev, _, _) = all.get(next)?;
+                let same = all[next..].iter().take_while(|(r, _, _)| *r == rev).count();
+                let group = &all[next..next + same];
+                next += same;
+                if rev <= compact {
+                    pending.extend(
+                        group
+                            .iter()
+                            .enumerate()
+                            .rev()
+                            .map(|(sub, (_, k, v))| (*k, *v, sub as i64)),
+                    );
+                } else {
+                    let (&changed_at, changed) = changes
+                        .next()
+                        .expect("every version above the compact revision is in the change index");
+                    let changed = changed.as_slice();
+                    assert!(
+                        changed_at == rev && changed.len() == group.len(),
+                        "the change index and the key map agree on revision {rev}"
+                    );
+                    // Several keys at one revision (a txn): operation order, found by key in
+                    // the group (which is in key order).
+                    for (sub, key) in changed.iter().enumerate().rev() {
+                        let at = group
+                            .binary_search_by(|(_, k, _)| k.as_ref().cmp(key.as_ref()))
+                            .expect("the change index names a version of its revision");
+                        let (_, k, v) = group[at];
+                        pending.push((k, v, sub as i64));
+                    }
+                }
             }
-            let &(rev, _, _) = all.get(next)?;
-            let same = all[next..].iter().take_while(|(r, _, _)| *r == rev).count();
-            let group = &all[next..next + same];
-            next += same;
-            if rev <= compact {
-                pending.extend(
-                    group
-                        .iter()
-                        .enumerate()
-                        .rev()
-                        .map(|(sub, (_, k, v))| version_ref(k, v, sub as i64)),
-                );
-                return pending.pop();
-            }
-            let (&changed_at, changed) = changes
-                .next()
-                .expect("every version above the compact revision is in the change index");
-            let changed = changed.as_slice();
-            assert!(
-                changed_at == rev && changed.len() == group.len(),
-                "the change index and the key map agree on revision {rev}"
-            );
-            // Several keys at one revision (a txn): operation order, found by key in the
-            // group (which is in key order).
-            for (sub, key) in changed.iter().enumerate().rev() {
-                let at = group
-                    .binary_search_by(|(_, k, _)| k.as_ref().cmp(key.as_ref()))
-                    .expect("the change index names a version of its revision");
-                let (_, k, v) = group[at];
-                pending.push(version_ref(k, v, sub as i64));
-            }
-            pending.pop()
+            let (k, v, sub) = pending.pop()?;
+            Some(version_ref(k, v, sub, &mut ahead))
         })
     }
 
