@@ -73,11 +73,44 @@ pub struct Window {
 /// each, a member with 500k values spent 43 % of a snapshot's CPU in the system call
 /// (`perf`, single node, put with 100 clients); read ahead a window at a time, a syscall
 /// serves thousands of them.
+///
+/// A window per segment, for the few segments read last: while a sealed segment is being
+/// evacuated, revision order alternates between its values still in place and those
+/// already moved to the current segment. One window shared by all segments would be
+/// dropped at every switch and refilled by the next run of two values (a 1 MiB read for
+/// two values); one per segment keeps its place across the other's reads.
 #[derive(Debug, Default)]
 pub struct ReadAhead {
-    /// The segment `window` belongs to (kept alive so the comparison means the same one).
-    segment: Option<Arc<Segment>>,
-    window: Window,
+    /// Segments with their windows, the one read last at the end (kept alive, so a pointer
+    /// comparison means the same segment).
+    windows: Vec<(Arc<Segment>, Window)>,
+}
+
+/// The segments a [`ReadAhead`] keeps a window for (a window is up to a read-ahead's size).
+const READ_AHEAD_SEGMENTS: usize = 4;
+
+impl ReadAhead {
+    /// `segment`'s window, made the one read last; a new one (the least recently read
+    /// dropped when there are [`READ_AHEAD_SEGMENTS`]) if it has none.
+    fn window_for(&mut self, segment: &Arc<Segment>) -> &mut Window {
+        match self
+            .windows
+            .iter()
+            .position(|(s, _)| Arc::ptr_eq(s, segment))
+        {
+            Some(i) => {
+                let entry = self.windows.remove(i);
+                self.windows.push(entry);
+            }
+            None => {
+                if self.windows.len() == READ_AHEAD_SEGMENTS {
+                    self.windows.remove(0);
+                }
+                self.windows.push((segment.clone(), Window::default()));
+            }
+        }
+        &mut self.windows.last_mut().expect("pushed above").1
+    }
 }
 
 /// One file (or part of one) of spilled values, with what the store still refers to in it.
@@ -200,22 +233,11 @@ impl Value {
     pub(crate) fn bytes_in_order(&self, ahead: &mut ReadAhead) -> Cow<'_, [u8]> {
         match self {
             Value::Heap(b) => Cow::Borrowed(b),
-            Value::Spilled { segment, packed } => {
-                if !ahead
-                    .segment
-                    .as_ref()
-                    .is_some_and(|s| Arc::ptr_eq(s, segment))
-                {
-                    ahead.segment = Some(segment.clone());
-                    ahead.window.start = 0;
-                    ahead.window.bytes.clear();
-                }
-                Cow::Owned(segment.reader.read_in_order(
-                    packed >> LEN_BITS,
-                    self.len(),
-                    &mut ahead.window,
-                ))
-            }
+            Value::Spilled { segment, packed } => Cow::Owned(segment.reader.read_in_order(
+                packed >> LEN_BITS,
+                self.len(),
+                ahead.window_for(segment),
+            )),
         }
     }
 
@@ -422,6 +444,81 @@ pub(crate) mod tests {
             }
             pending
         }
+    }
+
+    /// A segment of `data` whose `read_in_order` fills a window with all of it, counting the
+    /// windows it had to fill.
+    #[derive(Debug)]
+    struct WholeWindowReader {
+        data: Vec<u8>,
+        fills: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl SegmentRead for WholeWindowReader {
+        fn read(&self, offset: u64, len: usize) -> Vec<u8> {
+            self.data[offset as usize..][..len].to_vec()
+        }
+
+        fn read_in_order(&self, offset: u64, len: usize, window: &mut Window) -> Vec<u8> {
+            if window.bytes.is_empty() {
+                self.fills.fetch_add(1, Ordering::Relaxed);
+                window.start = 0;
+                window.bytes = self.data.clone();
+            }
+            window.bytes[offset as usize..][..len].to_vec()
+        }
+    }
+
+    #[test]
+    fn a_read_ahead_keeps_each_segments_window_across_reads_of_others() {
+        let fills = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let values: Vec<Vec<Value>> = (0..5u8)
+            .map(|s| {
+                let data: Vec<u8> = (0..1000u32)
+                    .map(|i| (i as u8).wrapping_mul(s + 1))
+                    .collect();
+                let segment = Arc::new(Segment::new(Box::new(WholeWindowReader {
+                    data,
+                    fills: fills.clone(),
+                })));
+                (0..10u64)
+                    .map(|i| Value::Spilled {
+                        segment: segment.clone(),
+                        packed: ((i * 100) << LEN_BITS) | 100,
+                    })
+                    .collect()
+            })
+            .collect();
+        let expected = |s: usize, i: usize| -> Vec<u8> {
+            (i as u32 * 100..i as u32 * 100 + 100)
+                .map(|b| (b as u8).wrapping_mul(s as u8 + 1))
+                .collect()
+        };
+        // Reads value 0 of the first `segments` segments round robin, then value 1, ...;
+        // the windows the segments had to fill.
+        let fills_reading = |segments: usize| -> usize {
+            fills.store(0, Ordering::Relaxed);
+            let mut ahead = ReadAhead::default();
+            for i in 0..10 {
+                for (s, of_segment) in values.iter().enumerate().take(segments) {
+                    let got = of_segment[i].bytes_in_order(&mut ahead);
+                    assert_eq!(&*got, &expected(s, i)[..], "segment {s} value {i}");
+                }
+            }
+            assert!(ahead.windows.len() <= READ_AHEAD_SEGMENTS);
+            fills.load(Ordering::Relaxed)
+        };
+        // Two segments read alternately (a sealed one being evacuated and the current one):
+        // one window each, for all their reads.
+        assert_eq!(fills_reading(2), 2);
+        // As many as it keeps windows for: still one each.
+        assert_eq!(fills_reading(READ_AHEAD_SEGMENTS), READ_AHEAD_SEGMENTS);
+        // One more than that: the least recently read is the one dropped, so every read
+        // starts a window again (the bound on memory holds).
+        assert_eq!(
+            fills_reading(READ_AHEAD_SEGMENTS + 1),
+            10 * (READ_AHEAD_SEGMENTS + 1)
+        );
     }
 
     #[test]
