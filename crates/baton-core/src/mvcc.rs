@@ -32,8 +32,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::change_index::ChangeIndex;
 use crate::crc32::Crc32;
-use crate::types::{Event, EventKind, KeyRange, KeyValue, LeaseId, Revision};
-use crate::value::{Value, ValueSpill};
+use crate::types::{Event, EventKind, EventShape, KeyRange, KeyValue, LeaseId, Revision};
+use crate::value::{ReadAhead, Value, ValueSpill};
 
 pub(crate) use crate::change_index::{Changed, Key};
 
@@ -73,14 +73,19 @@ impl Version {
 
 /// Builds the etcd-shaped `KeyValue` of a live version.
 pub(crate) fn key_value(key: &[u8], mod_revision: i64, live: &Live) -> KeyValue {
-    KeyValue {
-        key: key.to_vec(),
-        create_revision: Revision(live.create_revision),
-        mod_revision: Revision(mod_revision),
-        version: live.version,
-        value: live.value.to_vec(),
-        lease: LeaseId(live.lease),
-    }
+    key_value_holding(key, mod_revision, live, live.value.to_vec())
+}
+
+/// [`key_value`] with its value read through `ahead`, for a reader going through many
+/// versions in revision order (the order their values were stored in; see [`ReadAhead`]).
+fn key_value_in_order(
+    key: &[u8],
+    mod_revision: i64,
+    live: &Live,
+    ahead: &mut ReadAhead,
+) -> KeyValue {
+    let value = live.value.bytes_in_order(ahead).into_owned();
+    key_value_holding(key, mod_revision, live, value)
 }
 
 /// A previous version as a write's event (and response) carries it: with its value only when
@@ -95,12 +100,17 @@ pub(crate) fn prev_key_value(
     if with_value {
         return key_value(key, mod_revision, live);
     }
+    key_value_holding(key, mod_revision, live, Vec::new())
+}
+
+/// The `KeyValue` of a live version, holding `value` (the version's, or none).
+fn key_value_holding(key: &[u8], mod_revision: i64, live: &Live, value: Vec<u8>) -> KeyValue {
     KeyValue {
         key: key.to_vec(),
         create_revision: Revision(live.create_revision),
         mod_revision: Revision(mod_revision),
         version: live.version,
-        value: Vec::new(),
+        value,
         lease: LeaseId(live.lease),
     }
 }
@@ -503,46 +513,62 @@ impl KeyStore {
         }
     }
 
-    /// The event that changed `key` at exactly `rev`, with `prev_kv` when the previous version
-    /// is still retained and live.
-    fn event_at(key: &[u8], versions: &[Version], idx: usize) -> Event {
+    /// The event that changed `key` in `versions[idx]`, if `shape` wants its kind: with
+    /// `prev_kv` when `shape` asks for it and the previous version is still retained and
+    /// live. The event's own value is read through `ahead`; a previous value alone (it lies
+    /// back in the file, where a window would not help).
+    fn event_at(
+        key: &[u8],
+        versions: &[Version],
+        idx: usize,
+        shape: EventShape,
+        ahead: &mut ReadAhead,
+    ) -> Option<Event> {
         let v = &versions[idx];
+        let kind = match v.live {
+            Some(_) => EventKind::Put,
+            None => EventKind::Delete,
+        };
+        if !shape.wants(kind) {
+            return None;
+        }
         let prev_kv = idx
             .checked_sub(1)
+            .filter(|_| shape.prev_kv)
             .and_then(|p| {
                 let pv = &versions[p];
                 pv.live.as_ref().map(|l| (pv.mod_revision, l))
             })
             .map(|(m, l)| key_value(key, m, l));
-        match &v.live {
-            Some(l) => Event {
-                kind: EventKind::Put,
-                kv: key_value(key, v.mod_revision, l),
-                prev_kv,
+        let kv = match &v.live {
+            Some(l) => key_value_in_order(key, v.mod_revision, l, ahead),
+            None => KeyValue {
+                key: key.to_vec(),
+                mod_revision: Revision(v.mod_revision),
+                ..KeyValue::default()
             },
-            None => Event {
-                kind: EventKind::Delete,
-                kv: KeyValue {
-                    key: key.to_vec(),
-                    mod_revision: Revision(v.mod_revision),
-                    ..KeyValue::default()
-                },
-                prev_kv,
-            },
-        }
+        };
+        Some(Event { kind, kv, prev_kv })
     }
 
     /// Events in `range` at revisions `>= from`, whole revisions only, stopping before the
-    /// revision that would take the batch past `max_events` (but always returning at least one
-    /// revision with events, if there is one). Returns the events and the first revision not
-    /// covered, or `None` for "covered everything retained".
+    /// revision that would take the batch past `max_events` (but always covering at least
+    /// one revision with events, if there is one). Returns the events `shape` wants and the
+    /// first revision not covered, or `None` for "covered everything retained".
+    ///
+    /// `max_events` counts every event in `range`, built or not: it bounds the work of one
+    /// call (which runs under the state lock), also for a shape that wants few of them.
     pub(crate) fn events_from(
         &self,
         range: &KeyRange,
         from: i64,
         max_events: usize,
+        shape: EventShape,
     ) -> (Vec<Event>, Option<i64>) {
         let mut out: Vec<Event> = Vec::new();
+        let mut covered = 0;
+        // Revision order is the order values were stored in: read them a window at a time.
+        let mut ahead = ReadAhead::default();
         if range.range_end.is_empty() {
             // One key: its own version list is the history, no need to walk `changes`.
             let Some(versions) = self.keys.get(range.key.as_slice()) else {
@@ -550,29 +576,31 @@ impl KeyStore {
             };
             let start = versions.partition_point(|v| v.mod_revision < from);
             for idx in start..versions.len() {
-                if !out.is_empty() && out.len() + 1 > max_events {
+                if covered > 0 && covered + 1 > max_events {
                     return (out, Some(versions[idx].mod_revision));
                 }
-                out.push(Self::event_at(&range.key, versions, idx));
+                covered += 1;
+                out.extend(Self::event_at(&range.key, versions, idx, shape, &mut ahead));
             }
             return (out, None);
         }
         for (&rev, keys) in self.changes.iter_from(from) {
-            let mut batch = Vec::new();
-            for key in keys.as_slice().iter().filter(|k| range.contains(k)) {
+            let in_range = || keys.as_slice().iter().filter(|k| range.contains(k));
+            let n = in_range().count();
+            if n == 0 {
+                continue;
+            }
+            if covered > 0 && covered + n > max_events {
+                return (out, Some(rev));
+            }
+            covered += n;
+            for key in in_range() {
                 let versions = &self.keys[key];
                 let idx = versions
                     .binary_search_by_key(&rev, |v| v.mod_revision)
                     .expect("changes index names a retained version");
-                batch.push(Self::event_at(key, versions, idx));
+                out.extend(Self::event_at(key, versions, idx, shape, &mut ahead));
             }
-            if batch.is_empty() {
-                continue;
-            }
-            if !out.is_empty() && out.len() + batch.len() > max_events {
-                return (out, Some(rev));
-            }
-            out.extend(batch);
         }
         (out, None)
     }
@@ -785,6 +813,64 @@ mod tests {
         let spilled = spilled_versions(&store);
         assert_eq!(spilled as u64, keys);
         assert_eq!(contents(&store), before);
+    }
+
+    /// History read from spilled values is what it is from the heap, for every shape; a
+    /// shape reads back only the values of what it builds: the puts it wants, and the
+    /// previous versions only when it asks for them.
+    #[test]
+    fn history_reads_from_the_spill_only_the_values_its_shape_builds() {
+        use crate::value::tests::MemSpill;
+        let spill = Arc::new(MemSpill::new(8 * 1024));
+        let mut heap = KeyStore::default();
+        let mut spilled = KeyStore::default();
+        spilled.attach_spill(spill.clone());
+        for rev in 2..400i64 {
+            let key = format!("k{:02}", rev % 23);
+            for store in [&mut heap, &mut spilled] {
+                if rev % 7 == 3 && store.latest(key.as_bytes()).is_some() {
+                    store.delete(key.as_bytes(), rev);
+                } else {
+                    store.put(key.as_bytes(), rev, live(format!("{rev:0>100}").as_bytes()));
+                }
+            }
+        }
+        let ranges = [
+            KeyRange {
+                key: b"k".to_vec(),
+                range_end: b"l".to_vec(),
+            },
+            KeyRange {
+                key: b"k05".to_vec(),
+                range_end: Vec::new(),
+            },
+        ];
+        for range in &ranges {
+            for bits in 0..8 {
+                let shape = EventShape {
+                    puts: bits & 1 != 0,
+                    deletes: bits & 2 != 0,
+                    prev_kv: bits & 4 != 0,
+                };
+                for max in [1, 10, 1000] {
+                    let from_heap = heap.events_from(range, 50, max, shape);
+                    let before = spill.reads();
+                    let from_spill = spilled.events_from(range, 50, max, shape);
+                    let reads = spill.reads() - before;
+                    assert_eq!(from_spill, from_heap, "{range:?} {shape:?} max {max}");
+                    let built_values: u64 = from_heap
+                        .0
+                        .iter()
+                        .map(|e| {
+                            assert!(shape.wants(e.kind));
+                            assert!(shape.prev_kv || e.prev_kv.is_none());
+                            u64::from(e.kind == EventKind::Put) + u64::from(e.prev_kv.is_some())
+                        })
+                        .sum();
+                    assert_eq!(reads, built_values, "{range:?} {shape:?} max {max}");
+                }
+            }
+        }
     }
 
     /// With a spill attached, long values leave the heap and read back the same; compaction

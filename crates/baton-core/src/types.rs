@@ -127,6 +127,33 @@ pub struct Event {
     pub prev_kv: Option<KeyValue>,
 }
 
+/// Which events a read of history builds, and with what: a watcher's filters, applied
+/// before an event is built, because building one reads its value (and its previous
+/// value) back from the value file when they are spilled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventShape {
+    pub puts: bool,
+    pub deletes: bool,
+    /// With the previous version when it is retained; without, `prev_kv` is `None`.
+    pub prev_kv: bool,
+}
+
+impl EventShape {
+    /// Every event, with its previous version.
+    pub const ALL: EventShape = EventShape {
+        puts: true,
+        deletes: true,
+        prev_kv: true,
+    };
+
+    pub fn wants(&self, kind: EventKind) -> bool {
+        match kind {
+            EventKind::Put => self.puts,
+            EventKind::Delete => self.deletes,
+        }
+    }
+}
+
 /// A half-open key interval `[key, range_end)` with etcd's conventions:
 /// empty `range_end` = the single key; `range_end == [0]` = every key `>= key`;
 /// `key == [0] && range_end == [0]` = every key.

@@ -358,6 +358,8 @@ pub(crate) mod tests {
     pub(crate) struct MemSpill {
         segment_len: usize,
         state: Mutex<MemSpillState>,
+        /// Values read back, from every segment.
+        reads: Arc<AtomicU64>,
     }
 
     /// A segment and its bytes.
@@ -370,11 +372,15 @@ pub(crate) mod tests {
     }
 
     #[derive(Debug)]
-    struct MemReader(Arc<Mutex<Vec<u8>>>);
+    struct MemReader {
+        data: Arc<Mutex<Vec<u8>>>,
+        reads: Arc<AtomicU64>,
+    }
 
     impl SegmentRead for MemReader {
         fn read(&self, offset: u64, len: usize) -> Vec<u8> {
-            let data = self.0.lock().unwrap();
+            self.reads.fetch_add(1, Ordering::Relaxed);
+            let data = self.data.lock().unwrap();
             data[offset as usize..offset as usize + len].to_vec()
         }
     }
@@ -384,7 +390,13 @@ pub(crate) mod tests {
             MemSpill {
                 segment_len,
                 state: Mutex::new(MemSpillState::default()),
+                reads: Arc::default(),
             }
+        }
+
+        /// Values read back so far.
+        pub(crate) fn reads(&self) -> u64 {
+            self.reads.load(Ordering::Relaxed)
         }
 
         /// Segments still alive (held by a store or a copy of one).
@@ -412,7 +424,10 @@ pub(crate) mod tests {
             }
             let (seg, data) = st.current.get_or_insert_with(|| {
                 let data = Arc::new(Mutex::new(Vec::new()));
-                let seg = Arc::new(Segment::new(Box::new(MemReader(data.clone()))));
+                let seg = Arc::new(Segment::new(Box::new(MemReader {
+                    data: data.clone(),
+                    reads: self.reads.clone(),
+                })));
                 (seg, data)
             });
             let mut d = data.lock().unwrap();

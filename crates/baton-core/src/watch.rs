@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::command::KvError;
 use crate::state_machine::StateMachine;
-use crate::types::{Event, EventKind, KeyRange, Revision};
+use crate::types::{Event, EventShape, KeyRange, Revision};
 
 /// Hub-wide watcher id (the gRPC layer maps its per-stream `watch_id`s onto these).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -72,20 +72,25 @@ enum State {
 
 impl Watcher {
     fn wants(&self, e: &Event) -> bool {
-        let kind_ok = match e.kind {
-            EventKind::Put => !self.spec.no_put,
-            EventKind::Delete => !self.spec.no_delete,
-        };
-        kind_ok && self.spec.range.contains(&e.kv.key)
+        self.shape().wants(e.kind) && self.spec.range.contains(&e.kv.key)
     }
 
     /// The event as this watcher receives it.
-    fn shape(&self, e: &Event) -> Event {
+    fn shaped(&self, e: &Event) -> Event {
         let mut e = e.clone();
         if !self.spec.prev_kv {
             e.prev_kv = None;
         }
         e
+    }
+
+    /// The events this watcher receives from history, as they should be built.
+    fn shape(&self) -> EventShape {
+        EventShape {
+            puts: !self.spec.no_put,
+            deletes: !self.spec.no_delete,
+            prev_kv: self.spec.prev_kv,
+        }
     }
 }
 
@@ -182,7 +187,7 @@ impl WatchHub {
             let matched: Vec<Event> = events
                 .iter()
                 .filter(|e| w.wants(e))
-                .map(|e| w.shape(e))
+                .map(|e| w.shaped(e))
                 .collect();
             if matched.is_empty() {
                 continue;
@@ -254,7 +259,7 @@ impl WatchHub {
                 }
                 State::Unsynced { next } => {
                     let from = *next;
-                    let batch = match store.history(&w.spec.range, from, max_events) {
+                    let batch = match store.history(&w.spec.range, from, max_events, w.shape()) {
                         Ok(b) => b,
                         Err(KvError::Compacted) => {
                             self.forget(id);
@@ -265,12 +270,8 @@ impl WatchHub {
                         Err(e) => unreachable!("history only fails with Compacted, got {e}"),
                     };
                     assert!(batch.next > from, "history made no progress");
-                    let events: Vec<Event> = batch
-                        .events
-                        .iter()
-                        .filter(|e| w.wants(e))
-                        .map(|e| w.shape(e))
-                        .collect();
+                    // Built to this watcher's shape: nothing to filter or strip.
+                    let events = batch.events;
                     w.state = if batch.next > store.revision() {
                         State::Synced {
                             queue: VecDeque::new(),
@@ -332,7 +333,7 @@ mod tests {
     use super::*;
     use crate::command::{Command, DeleteRangeRequest, Entry, PutRequest, TxnRequest};
     use crate::command::{RequestOp, Response};
-    use crate::types::{CommandIndex, Term};
+    use crate::types::{CommandIndex, EventKind, Term};
 
     /// A store plus a hub wired the way the server wires them: every applied entry's events
     /// are published right away.
@@ -820,7 +821,7 @@ mod tests {
                 let expected: Vec<Event> = log
                     .iter()
                     .filter(|e| e.kv.mod_revision >= *first && model.wants(e))
-                    .map(|e| model.shape(e))
+                    .map(|e| model.shaped(e))
                     .collect();
                 assert_eq!(got, &expected, "seed {seed}, watcher {s:?}");
             }

@@ -53,9 +53,16 @@ pub(crate) const FLUSH_AT: usize = 256 << 10;
 /// Bytes before a record's value: its length and the CRC-32 of the value.
 const HEADER: usize = 8;
 
-/// How much a read in order ([`SegmentRead::read_in_order`]) reads ahead: a few thousand
+/// The most a read in order ([`SegmentRead::read_in_order`]) reads ahead: a few thousand
 /// values of a few hundred bytes per `pread`.
 const READ_AHEAD_BYTES: usize = 1 << 20;
+
+/// What a read in order reads ahead first; each refill that follows in order reads twice
+/// the last, up to [`READ_AHEAD_BYTES`]. Why: a watcher catching up reads a few events'
+/// values at a time, under the state lock, where a whole 1 MiB window would copy far more
+/// than it uses; a snapshot reads the whole file and reaches full windows after four
+/// refills.
+const READ_AHEAD_FIRST_BYTES: usize = 64 << 10;
 
 /// A record at most this far past the end of the window still counts as the next in order
 /// (values of versions compacted away, or of keys stored between, leave gaps); one further
@@ -462,10 +469,12 @@ impl SegmentFile {
     }
 
     /// [`SegmentFile::read`] for a reader going through the file in order: a record inside
-    /// `window` is taken from it; one that starts at most [`READ_AHEAD_GAP`] past its end
-    /// refills it with up to [`READ_AHEAD_BYTES`] of the file from that record on; any other
-    /// is read alone and leaves the window empty just after it. Only bytes below `flushed`
-    /// go into a window (they never change); a record still in the buffer is read from there.
+    /// `window` is taken from it; one that straddles its end or starts at most
+    /// [`READ_AHEAD_GAP`] past it refills it with the file from that record on (twice the
+    /// window's size, from [`READ_AHEAD_FIRST_BYTES`] up to [`READ_AHEAD_BYTES`]); any
+    /// other is read alone and leaves the window empty just after it. Only bytes below
+    /// `flushed` go into a window (they never change); a record still in the buffer is read
+    /// from there.
     fn read_in_order(
         &self,
         offset: u64,
@@ -481,14 +490,16 @@ impl SegmentFile {
             check_record(record, offset, len)?;
             return Ok(record[HEADER..].to_vec());
         }
-        let next_in_order = offset >= end && offset - end <= READ_AHEAD_GAP;
+        // Past the window, or straddling its end: the window moves on (and grows).
+        let next_in_order = offset >= start && offset.saturating_sub(end) <= READ_AHEAD_GAP;
         let flushed = self.pending.lock().flushed;
         if !next_in_order || offset + need as u64 > flushed {
             window.start = offset + need as u64;
             window.bytes.clear();
             return self.read(offset, len);
         }
-        let fill = (flushed - offset).min(READ_AHEAD_BYTES as u64) as usize;
+        let ahead = (window.bytes.len() * 2).clamp(READ_AHEAD_FIRST_BYTES, READ_AHEAD_BYTES);
+        let fill = (flushed - offset).min(ahead as u64) as usize;
         window.bytes.resize(fill.max(need), 0);
         window.start = offset;
         self.file
@@ -639,9 +650,14 @@ mod tests {
             }
             refills
         };
-        // In order: a window per READ_AHEAD_BYTES of the file, not a read per value.
+        // In order: windows growing from READ_AHEAD_FIRST_BYTES to READ_AHEAD_BYTES, not a
+        // read per value.
         let refills = read_all(&mut (0..handles.len()));
-        let windows = flushed.div_ceil(READ_AHEAD_BYTES as u64) as usize;
+        let (mut windows, mut covered, mut size) = (0, 0, READ_AHEAD_FIRST_BYTES as u64);
+        while covered < flushed {
+            (windows, covered) = (windows + 1, covered + size);
+            size = (size * 2).min(READ_AHEAD_BYTES as u64);
+        }
         assert!(
             (windows - 1..=windows + 1).contains(&refills),
             "{refills} refills for {windows} windows"

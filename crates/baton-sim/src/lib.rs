@@ -572,21 +572,26 @@ fn judge(ctx: &Ctx, schedule: &[Scheduled], sim_time: Duration) -> Result<Outcom
             key: KEY_PREFIX.as_bytes().to_vec(),
             range_end: prefix_end(KEY_PREFIX.as_bytes()),
         };
-        sm.history(&range, baton_core::Revision(1), usize::MAX)
-            .map(|b| b.events)
-            .unwrap_or_default()
-            .into_iter()
-            .map(|e| WatchEvent {
-                revision: e.kv.mod_revision.0 as u64,
-                key: baton_check::Bytes(e.kv.key.clone()),
-                kind: match e.kind {
-                    baton_core::EventKind::Put => {
-                        baton_check::EventKind::Put(baton_check::Bytes(e.kv.value.clone()))
-                    }
-                    baton_core::EventKind::Delete => baton_check::EventKind::Delete,
-                },
-            })
-            .collect()
+        sm.history(
+            &range,
+            baton_core::Revision(1),
+            usize::MAX,
+            baton_core::EventShape::ALL,
+        )
+        .map(|b| b.events)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e| WatchEvent {
+            revision: e.kv.mod_revision.0 as u64,
+            key: baton_check::Bytes(e.kv.key.clone()),
+            kind: match e.kind {
+                baton_core::EventKind::Put => {
+                    baton_check::EventKind::Put(baton_check::Bytes(e.kv.value.clone()))
+                }
+                baton_core::EventKind::Delete => baton_check::EventKind::Delete,
+            },
+        })
+        .collect()
     });
     let spec = baton_check::WatchSpec {
         range: baton_check::KeyRange::Prefix(baton_check::Bytes::from(KEY_PREFIX)),

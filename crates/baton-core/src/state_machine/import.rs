@@ -318,7 +318,7 @@ mod tests {
     use super::*;
     use crate::command::{Command, DeleteRangeRequest, PutRequest, RequestOp, TxnRequest};
     use crate::state_machine::tests::{entry, put};
-    use crate::types::{KeyRange, Revision};
+    use crate::types::{EventShape, KeyRange, Revision};
 
     fn put_leased(key: &str, lease: i64) -> Command {
         Command::Put(PutRequest {
@@ -507,8 +507,8 @@ mod tests {
             range_end: vec![0],
         };
         assert_eq!(
-            back.history(&all, Revision(61), 10_000),
-            sm.history(&all, Revision(61), 10_000)
+            back.history(&all, Revision(61), 10_000, EventShape::ALL),
+            sm.history(&all, Revision(61), 10_000, EventShape::ALL)
         );
     }
 

@@ -8,14 +8,15 @@
 use crate::command::KvError;
 use crate::crc32::Crc32;
 use crate::mvcc::key_value;
-use crate::types::{CommandIndex, Event, KeyRange, KeyValue, Revision, Term};
+use crate::types::{CommandIndex, Event, EventShape, KeyRange, KeyValue, Revision, Term};
 
 use super::store::{StateMachine, FIRST_REVISION};
 
 /// Events from the history for a watcher catching up.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HistoryBatch {
-    /// Events with `from <= mod_revision`, in revision order; whole revisions only.
+    /// The wanted events with `from <= mod_revision`, in revision order; whole revisions
+    /// only.
     pub events: Vec<Event>,
     /// The first revision not covered by this batch (`current + 1` when caught up).
     pub next: Revision,
@@ -56,11 +57,15 @@ impl StateMachine {
     /// (a delete at `c` leaves no trace), so events are complete only for revisions `> c`.
     /// Before any compaction (`c == 1`, the empty store) nothing is lost and `from = 1` is
     /// fine. `from <= 0` means "everything still retained" (`c + 1`).
+    ///
+    /// Only the events `shape` wants are built (and their values read), but `max_events`
+    /// counts every event in `range`: it bounds the work of one call.
     pub fn history(
         &self,
         range: &KeyRange,
         from: Revision,
         max_events: usize,
+        shape: EventShape,
     ) -> Result<HistoryBatch, KvError> {
         let compacted = self.compact_revision > FIRST_REVISION;
         let from = if from.0 <= 0 {
@@ -78,7 +83,7 @@ impl StateMachine {
                 next: Revision(caught_up),
             });
         }
-        let (events, stopped_at) = self.store.events_from(range, from, max_events);
+        let (events, stopped_at) = self.store.events_from(range, from, max_events, shape);
         Ok(HistoryBatch {
             events,
             next: Revision(stopped_at.unwrap_or(caught_up)),

@@ -780,12 +780,21 @@ impl Model {
         (Revision(self.rev()), response, events)
     }
 
-    fn history(&self, range: &KeyRange, from: i64, max: usize) -> Result<HistoryBatch, KvError> {
+    /// Every event in `range` counts towards `max`; those `shape` does not want are left
+    /// out after the count, and `prev_kv` stripped when it is not asked for.
+    fn history(
+        &self,
+        range: &KeyRange,
+        from: i64,
+        max: usize,
+        shape: EventShape,
+    ) -> Result<HistoryBatch, KvError> {
         let from = if from <= 0 { self.compact + 1 } else { from };
         if self.compact > 1 && from <= self.compact {
             return Err(KvError::Compacted);
         }
         let mut events = Vec::new();
+        let mut counted = 0;
         for (&rev, evs) in self.events.range(from..) {
             let batch: Vec<Event> = evs
                 .iter()
@@ -795,13 +804,24 @@ impl Model {
             if batch.is_empty() {
                 continue;
             }
-            if !events.is_empty() && events.len() + batch.len() > max {
+            if counted > 0 && counted + batch.len() > max {
                 return Ok(HistoryBatch {
                     events,
                     next: Revision(rev),
                 });
             }
-            events.extend(batch);
+            counted += batch.len();
+            events.extend(
+                batch
+                    .into_iter()
+                    .filter(|e| shape.wants(e.kind))
+                    .map(|mut e| {
+                        if !shape.prev_kv {
+                            e.prev_kv = None;
+                        }
+                        e
+                    }),
+            );
         }
         Ok(HistoryBatch {
             events,
@@ -1270,10 +1290,15 @@ fn compare_reads(g: &mut Gen, sm: &StateMachine, m: &Model, ctx: &str) {
     let range = g.range();
     let from = g.rng.gen_range(-1..=m.rev() + 2);
     let max = g.rng.gen_range(0..6);
+    let shape = EventShape {
+        puts: g.rng.gen_ratio(4, 5),
+        deletes: g.rng.gen_ratio(4, 5),
+        prev_kv: g.rng.gen_bool(0.5),
+    };
     assert_eq!(
-        sm.history(&range, Revision(from), max),
-        m.history(&range, from, max),
-        "{ctx}: history {range:?} from {from} max {max}"
+        sm.history(&range, Revision(from), max, shape),
+        m.history(&range, from, max, shape),
+        "{ctx}: history {range:?} from {from} max {max} {shape:?}"
     );
 }
 
@@ -1510,7 +1535,7 @@ fn hundred_thousand_keys() {
     assert_eq!(r.count, 10);
     assert_eq!(r.kvs[0].key, b"key/012340".to_vec());
     let h = sm
-        .history(&prefix.range, Revision(n as i64 - 10), 100)
+        .history(&prefix.range, Revision(n as i64 - 10), 100, EventShape::ALL)
         .expect("history");
     assert_eq!(h.next, Revision(n as i64 + 2));
     sm.apply(&Entry {

@@ -678,7 +678,7 @@ impl Runner {
                 let from = Revision(a.num("from").expect("--from"));
                 let max = a.num("max").unwrap_or(1000) as usize;
                 a.done();
-                match self.sm.history(&range, from, max) {
+                match self.sm.history(&range, from, max, EventShape::ALL) {
                     Ok(b) => {
                         for e in &b.events {
                             out.push(show_event(e));
