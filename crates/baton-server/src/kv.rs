@@ -47,9 +47,11 @@ impl KvService {
     }
 }
 
-#[tonic::async_trait]
-impl pb::kv_server::Kv for KvService {
-    async fn range(
+/// The unary calls' handlers, as inherent `async fn`s: the trait's (for tonic's router) box
+/// each call's future (`async_trait`), which [`crate::kv_fast_path`] — nearly every call —
+/// need not pay for; it polls these inside its own future.
+impl KvService {
+    pub(crate) async fn serve_range(
         &self,
         request: Request<pb::RangeRequest>,
     ) -> Result<tonic::Response<pb::RangeResponse>, Status> {
@@ -92,7 +94,7 @@ impl pb::kv_server::Kv for KvService {
         )))
     }
 
-    async fn put(
+    pub(crate) async fn serve_put(
         &self,
         request: Request<pb::PutRequest>,
     ) -> Result<tonic::Response<pb::PutResponse>, Status> {
@@ -108,7 +110,7 @@ impl pb::kv_server::Kv for KvService {
         }
     }
 
-    async fn delete_range(
+    pub(crate) async fn serve_delete_range(
         &self,
         request: Request<pb::DeleteRangeRequest>,
     ) -> Result<tonic::Response<pb::DeleteRangeResponse>, Status> {
@@ -126,7 +128,7 @@ impl pb::kv_server::Kv for KvService {
         }
     }
 
-    async fn txn(
+    pub(crate) async fn serve_txn(
         &self,
         request: Request<pb::TxnRequest>,
     ) -> Result<tonic::Response<pb::TxnResponse>, Status> {
@@ -139,6 +141,37 @@ impl pb::kv_server::Kv for KvService {
             Response::Txn(t) => Ok(tonic::Response::new(convert::txn_resp_to_pb(t, &header))),
             other => Err(unexpected(other)),
         }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::kv_server::Kv for KvService {
+    async fn range(
+        &self,
+        request: Request<pb::RangeRequest>,
+    ) -> Result<tonic::Response<pb::RangeResponse>, Status> {
+        self.serve_range(request).await
+    }
+
+    async fn put(
+        &self,
+        request: Request<pb::PutRequest>,
+    ) -> Result<tonic::Response<pb::PutResponse>, Status> {
+        self.serve_put(request).await
+    }
+
+    async fn delete_range(
+        &self,
+        request: Request<pb::DeleteRangeRequest>,
+    ) -> Result<tonic::Response<pb::DeleteRangeResponse>, Status> {
+        self.serve_delete_range(request).await
+    }
+
+    async fn txn(
+        &self,
+        request: Request<pb::TxnRequest>,
+    ) -> Result<tonic::Response<pb::TxnResponse>, Status> {
+        self.serve_txn(request).await
     }
 
     async fn compact(

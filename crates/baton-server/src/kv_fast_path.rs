@@ -30,7 +30,6 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use baton_proto::etcdserverpb as pb;
-use baton_proto::etcdserverpb::kv_server::Kv as _;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
@@ -283,10 +282,10 @@ where
         }};
     }
     match method {
-        UnaryKv::Range => call!(pb::RangeRequest, range),
-        UnaryKv::Put => call!(pb::PutRequest, put),
-        UnaryKv::DeleteRange => call!(pb::DeleteRangeRequest, delete_range),
-        UnaryKv::Txn => call!(pb::TxnRequest, txn),
+        UnaryKv::Range => call!(pb::RangeRequest, serve_range),
+        UnaryKv::Put => call!(pb::PutRequest, serve_put),
+        UnaryKv::DeleteRange => call!(pb::DeleteRangeRequest, serve_delete_range),
+        UnaryKv::Txn => call!(pb::TxnRequest, serve_txn),
     }
 }
 
