@@ -122,8 +122,9 @@ pub enum EventKind {
 pub struct Event {
     pub kind: EventKind,
     pub kv: KeyValue,
-    /// The previous version of the key, when there was one (filled always by the core; the
-    /// watch layer strips it for watchers that did not ask for `prev_kv`).
+    /// The previous version of the key, when there was one (filled by the core in every
+    /// applied entry's events, which the watch layer strips for watchers that did not ask
+    /// for `prev_kv`; history builds it only for an [`EventShape`] that asks for it).
     pub prev_kv: Option<KeyValue>,
 }
 

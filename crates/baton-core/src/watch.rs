@@ -76,7 +76,7 @@ impl Watcher {
     }
 
     /// The event as this watcher receives it.
-    fn shaped(&self, e: &Event) -> Event {
+    fn as_received(&self, e: &Event) -> Event {
         let mut e = e.clone();
         if !self.spec.prev_kv {
             e.prev_kv = None;
@@ -187,7 +187,7 @@ impl WatchHub {
             let matched: Vec<Event> = events
                 .iter()
                 .filter(|e| w.wants(e))
-                .map(|e| w.shaped(e))
+                .map(|e| w.as_received(e))
                 .collect();
             if matched.is_empty() {
                 continue;
@@ -821,7 +821,7 @@ mod tests {
                 let expected: Vec<Event> = log
                     .iter()
                     .filter(|e| e.kv.mod_revision >= *first && model.wants(e))
-                    .map(|e| model.shaped(e))
+                    .map(|e| model.as_received(e))
                     .collect();
                 assert_eq!(got, &expected, "seed {seed}, watcher {s:?}");
             }
