@@ -150,6 +150,9 @@ async fn observe_loop(
                         }
                     }
                 }
+                // The election's watcher filters nothing, but a skipped batch only means
+                // "take again".
+                Some(WatchOutput::Skipped) => {}
                 Some(WatchOutput::Compacted { .. }) => {
                     // Fell behind past a compaction: start over from the current state.
                     // (The hub already dropped the old watcher; removing it again is a

@@ -442,6 +442,9 @@ impl Session {
                         }
                         self.send_events(watch_id, header, events, fragment).await?;
                     }
+                    // Still behind, a batch with nothing it wants: its next turn reads on,
+                    // after the runtime's other tasks have had theirs (no send to wait on).
+                    WatchOutput::Skipped => tokio::task::yield_now().await,
                     WatchOutput::Compacted { compact_revision } => {
                         self.watchers.remove(&watch_id);
                         baton_raft::cached_gauge!("baton_watchers").decrement(1.0);

@@ -930,6 +930,7 @@ impl Runner {
                     Some(WatchOutput::Compacted { compact_revision }) => {
                         out.push(format!("compacted at {}", compact_revision.0));
                     }
+                    Some(WatchOutput::Skipped) => out.push("skipped".into()),
                 }
             }
             "watch-cancel" => {
