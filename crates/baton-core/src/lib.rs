@@ -67,7 +67,7 @@ pub use locks::{
 };
 pub use state_machine::{
     HistoryBatch, ImportError, ImportSummary, Importer, LeaseExport, LeaseInfo, LiveRef,
-    SnapshotError, StateMachine, Tables, VersionRef,
+    SnapshotError, StateMachine, Tables, VersionRef, HISTORY_REVISIONS_PER_EVENT,
 };
 pub use types::*;
 pub use watch::{WatchCensus, WatchHub, WatchOutput, WatchSpec, WatcherId};

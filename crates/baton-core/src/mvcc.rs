@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::change_index::ChangeIndex;
 use crate::crc32::Crc32;
+use crate::state_machine::HISTORY_REVISIONS_PER_EVENT;
 use crate::types::{Event, EventKind, EventShape, KeyRange, KeyValue, LeaseId, Revision};
 use crate::value::{ReadAhead, Value, ValueSpill};
 
@@ -556,8 +557,10 @@ impl KeyStore {
     /// one revision with events, if there is one). Returns the events `shape` wants and the
     /// first revision not covered, or `None` for "covered everything retained".
     ///
-    /// `max_events` counts every event in `range`, built or not: it bounds the work of one
-    /// call (which runs under the state lock), also for a shape that wants few of them.
+    /// `max_events` counts every event in `range`, built or not, and the revisions walked
+    /// are at most [`HISTORY_REVISIONS_PER_EVENT`] times as many: together they bound the
+    /// work of one call (which runs under the state lock), also for a shape that wants few
+    /// of the events, or a range that few revisions touch.
     pub(crate) fn events_from(
         &self,
         range: &KeyRange,
@@ -584,7 +587,14 @@ impl KeyStore {
             }
             return (out, None);
         }
-        for (&rev, keys) in self.changes.iter_from(from) {
+        let max_walked = max_events
+            .max(1)
+            .saturating_mul(HISTORY_REVISIONS_PER_EVENT);
+        for (walked, (&rev, keys)) in self.changes.iter_from(from).enumerate() {
+            if walked >= max_walked {
+                // A narrow range far behind a busy store: stop walking other keys' changes.
+                return (out, Some(rev));
+            }
             let in_range = || keys.as_slice().iter().filter(|k| range.contains(k));
             let n = in_range().count();
             if n == 0 {

@@ -341,6 +341,7 @@ mod tests {
     use super::*;
     use crate::command::{Command, DeleteRangeRequest, Entry, PutRequest, TxnRequest};
     use crate::command::{RequestOp, Response};
+    use crate::state_machine::HISTORY_REVISIONS_PER_EVENT;
     use crate::types::{CommandIndex, EventKind, Term};
 
     /// A store plus a hub wired the way the server wires them: every applied entry's events
@@ -666,6 +667,31 @@ mod tests {
         assert!(n.hub.is_synced(w, &n.sm));
         n.del("k", "");
         assert_eq!(summary(n.take(w, 1)), vec![(4, D, "k".into())]);
+    }
+
+    /// A watcher on a range that few revisions touch, far behind: each `take` walks a bounded
+    /// number of revisions (under the state lock), skipping ahead until its event.
+    #[test]
+    fn a_narrow_range_far_behind_is_walked_a_bounded_stretch_at_a_time() {
+        let mut n = Node::new(100);
+        for i in 0..200 {
+            n.put(&format!("b{i}"), "x"); // revs 2..=201
+        }
+        n.put("a1", "mine"); // rev 202
+        let w = n.watch(spec("a", "b", 2));
+        let mut takes = 0;
+        let events = loop {
+            takes += 1;
+            match n.take(w, 1) {
+                Some(WatchOutput::Skipped) => assert!(takes < 1000, "no progress"),
+                other => break summary(other),
+            }
+        };
+        assert_eq!(events, vec![(202, P, "a1".into())]);
+        let per_take = HISTORY_REVISIONS_PER_EVENT;
+        assert!(per_take < 20, "a stretch is a few revisions per event");
+        assert_eq!(takes, 200 / per_take + 1, "{per_take} revisions a take");
+        assert!(n.hub.is_synced(w, &n.sm));
     }
 
     /// If a `take` ever runs between an entry's `apply` and its `publish`, the catch-up read

@@ -150,9 +150,9 @@ async fn observe_loop(
                         }
                     }
                 }
-                // The election's watcher filters nothing, but a skipped batch only means
-                // "take again".
-                Some(WatchOutput::Skipped) => {}
+                // A stretch of history with no change to this election (its prefix is
+                // narrow): take again, after the runtime's other tasks have had their turn.
+                Some(WatchOutput::Skipped) => tokio::task::yield_now().await,
                 Some(WatchOutput::Compacted { .. }) => {
                     // Fell behind past a compaction: start over from the current state.
                     // (The hub already dropped the old watcher; removing it again is a

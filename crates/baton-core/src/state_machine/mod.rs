@@ -39,6 +39,6 @@ mod tests;
 pub use export::{LeaseExport, LiveRef, VersionRef};
 pub use import::{ImportError, ImportSummary, Importer};
 pub use lease::LeaseInfo;
-pub use read::HistoryBatch;
+pub use read::{HistoryBatch, HISTORY_REVISIONS_PER_EVENT};
 pub use snapshot::{SnapshotError, Tables};
 pub use store::StateMachine;

@@ -781,7 +781,9 @@ impl Model {
     }
 
     /// Every event in `range` counts towards `max`; those `shape` does not want are left
-    /// out after the count, and `prev_kv` stripped when it is not asked for.
+    /// out after the count, and `prev_kv` stripped when it is not asked for. At most
+    /// `HISTORY_REVISIONS_PER_EVENT` revisions per event of `max` are walked for a range of
+    /// more than one key.
     fn history(
         &self,
         range: &KeyRange,
@@ -795,7 +797,15 @@ impl Model {
         }
         let mut events = Vec::new();
         let mut counted = 0;
-        for (&rev, evs) in self.events.range(from..) {
+        let max_walked = max.max(1) * HISTORY_REVISIONS_PER_EVENT;
+        for (walked, (&rev, evs)) in self.events.range(from..).enumerate() {
+            // (One key is read from its own versions, every one an event of the range.)
+            if !range.range_end.is_empty() && walked >= max_walked {
+                return Ok(HistoryBatch {
+                    events,
+                    next: Revision(rev),
+                });
+            }
             let batch: Vec<Event> = evs
                 .iter()
                 .filter(|e| in_range(range, &e.kv.key))
