@@ -32,7 +32,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::change_index::ChangeIndex;
 use crate::crc32::Crc32;
-use crate::state_machine::HISTORY_REVISIONS_PER_EVENT;
 use crate::types::{Event, EventKind, EventShape, KeyRange, KeyValue, LeaseId, Revision};
 use crate::value::{ReadAhead, Value, ValueSpill};
 
@@ -71,6 +70,11 @@ impl Version {
         key.len() as u64 + value as u64 + VERSION_OVERHEAD_BYTES
     }
 }
+
+/// How many revisions one read of history (`StateMachine::history`) may walk per event it
+/// may return: a range that few revisions touch stops there, with the revision to go on
+/// from, instead of walking the whole backlog under the state lock.
+pub const HISTORY_REVISIONS_PER_EVENT: usize = 8;
 
 /// Builds the etcd-shaped `KeyValue` of a live version.
 pub(crate) fn key_value(key: &[u8], mod_revision: i64, live: &Live) -> KeyValue {

@@ -36,9 +36,10 @@ mod store;
 #[cfg(test)]
 mod tests;
 
+pub use crate::mvcc::HISTORY_REVISIONS_PER_EVENT;
 pub use export::{LeaseExport, LiveRef, VersionRef};
 pub use import::{ImportError, ImportSummary, Importer};
 pub use lease::LeaseInfo;
-pub use read::{HistoryBatch, HISTORY_REVISIONS_PER_EVENT};
+pub use read::HistoryBatch;
 pub use snapshot::{SnapshotError, Tables};
 pub use store::StateMachine;

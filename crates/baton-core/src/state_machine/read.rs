@@ -12,11 +12,6 @@ use crate::types::{CommandIndex, Event, EventShape, KeyRange, KeyValue, Revision
 
 use super::store::{StateMachine, FIRST_REVISION};
 
-/// How many revisions one read of history ([`StateMachine::history`]) may walk per event
-/// it may return: a range that few revisions touch stops there, with the revision to go on
-/// from, instead of walking the whole backlog under the state lock.
-pub const HISTORY_REVISIONS_PER_EVENT: usize = 8;
-
 /// Events from the history for a watcher catching up.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HistoryBatch {
@@ -64,7 +59,7 @@ impl StateMachine {
     /// fine. `from <= 0` means "everything still retained" (`c + 1`).
     ///
     /// Only the events `shape` wants are built (and their values read), but `max_events`
-    /// counts every event in `range`, and at most [`HISTORY_REVISIONS_PER_EVENT`] times as
+    /// counts every event in `range`, and at most `HISTORY_REVISIONS_PER_EVENT` times as
     /// many revisions are walked (`max_events` 0 counts as 1): they bound the work of one
     /// call.
     pub fn history(
