@@ -20,8 +20,16 @@
 //! refuses it, no compression is enabled), a message announced larger than the receive
 //! limit (tonic's refusal, which [`crate::recv_limit_layer`] rewrites into etcd's), a body
 //! that is not exactly one message (none, several, or cut short), request trailers, and a
-//! body that fails. So the answers to odd input are tonic's, byte for byte, and the layers
-//! outside (metrics, the member guard, the receive-limit rewrite) see every call as before.
+//! body that fails. So the answers to odd input are tonic's, byte for byte.
+//!
+//! This layer is the outermost of the gRPC layers, so the calls it serves skip the others
+//! (metrics, the member guard, the receive-limit rewrite: three wrapped futures and bodies,
+//! one of them boxed, per call; ~3 % of the worker's time at 100 clients, bench/README.md)
+//! and it does their work itself: it counts a call as the metrics layer does
+//! ([`Pending`]), admits it by the guard's own rule ([`admission`]), and has nothing to
+//! rewrite (a message over the limit goes on to tonic). A call it hands on after reading its
+//! body carries its start in the request ([`Pending::hand_over`]), so the metrics layer
+//! counts it once, from when it came.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -33,11 +41,15 @@ use baton_proto::etcdserverpb as pb;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::Either;
 use prost::Message;
 use tonic::Status;
 use tower::{Layer, Service};
 
 use crate::kv::KvService;
+use crate::member_guard::{admission, Admission};
+use crate::metrics_layer::Pending;
+use crate::monitor::grpc::OK_CODE;
 use crate::MAX_GRPC_RECV_BYTES;
 
 /// The gRPC message prefix: a compression flag byte and a big-endian `u32` length.
@@ -106,21 +118,23 @@ fn uncompressed<B>(request: &http::Request<B>) -> bool {
     }
 }
 
-type Answer = http::Response<tonic::body::Body>;
+/// An answer: this path's own (left), or the router's (right).
+type Answer<RB> = http::Response<Either<tonic::body::Body, RB>>;
 
-impl<S, B> Service<http::Request<B>> for KvFastPath<S>
+impl<S, B, RB> Service<http::Request<B>> for KvFastPath<S>
 where
-    S: Service<http::Request<Replayed<B>>, Response = Answer, Error = Infallible>
+    S: Service<http::Request<Replayed<B>>, Response = http::Response<RB>, Error = Infallible>
         + Clone
         + Send
         + 'static,
     S::Future: Send + 'static,
     B: Body<Data = Bytes> + Unpin + Send + 'static,
     B::Error: Send,
+    RB: Send + 'static,
 {
-    type Response = Answer;
+    type Response = Answer<RB>;
     type Error = Infallible;
-    type Future = KvFuture<S::Future>;
+    type Future = KvFuture<S::Future, RB>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -133,12 +147,14 @@ where
                 future: self.inner.call(request.map(Replayed::untouched)),
             };
         };
+        // Counted from here, as the metrics layer counts a call from when it sees it.
+        let pending = Pending::start(request.uri().path());
         // The router was made ready for this call; the clone left behind is the one asked
         // for readiness next time (tower's rule for services called from a future).
         let ready = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, ready);
         KvFuture::Here {
-            future: Box::pin(serve(self.kv.clone(), inner, method, request)),
+            future: Box::pin(serve(self.kv.clone(), inner, method, request, pending)),
         }
     }
 }
@@ -146,22 +162,26 @@ where
 pin_project_lite::pin_project! {
     /// The answer of a call served here, or the router's.
     #[project = KvFutureProj]
-    pub enum KvFuture<F> {
-        Here { future: Pin<Box<dyn Future<Output = Answer> + Send>> },
+    pub enum KvFuture<F, RB> {
+        Here {
+            future: Pin<Box<dyn Future<Output = Answer<RB>> + Send>>,
+        },
         Router { #[pin] future: F },
     }
 }
 
-impl<F> Future for KvFuture<F>
+impl<F, RB> Future for KvFuture<F, RB>
 where
-    F: Future<Output = Result<Answer, Infallible>>,
+    F: Future<Output = Result<http::Response<RB>, Infallible>>,
 {
-    type Output = Result<Answer, Infallible>;
+    type Output = Result<Answer<RB>, Infallible>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project() {
             KvFutureProj::Here { future } => future.as_mut().poll(cx).map(Ok),
-            KvFutureProj::Router { future } => future.poll(cx),
+            KvFutureProj::Router { future } => future
+                .poll(cx)
+                .map(|r| r.map(|answer| answer.map(Either::Right))),
         }
     }
 }
@@ -245,15 +265,23 @@ where
     Collected::Message(whole.slice(PREFIX_LEN..))
 }
 
-/// Serves one call of `method`, or hands it to `router` as read so far.
-async fn serve<S, B>(
+/// Serves one call of `method`, or hands it to `router` as read so far (and the counting
+/// of it, `pending`, to the metrics layer there).
+///
+/// Served here, a call gets what the layers around the router give every other call: it is
+/// counted as the metrics layer counts it (`pending`: started, one message received, one
+/// sent and `OK` as the answer's trailers go out, a refusal's code at once, `Canceled` if
+/// dropped first) and admitted as the member guard admits it ([`admission`]). The receive
+/// limit's rewrite has nothing to do here: a message over the limit goes to the router.
+async fn serve<S, B, RB>(
     kv: Arc<KvService>,
     mut router: S,
     method: UnaryKv,
     request: http::Request<B>,
-) -> Answer
+    pending: Pending,
+) -> Answer<RB>
 where
-    S: Service<http::Request<Replayed<B>>, Response = Answer, Error = Infallible>,
+    S: Service<http::Request<Replayed<B>>, Response = http::Response<RB>, Error = Infallible>,
     B: Body<Data = Bytes> + Unpin,
 {
     let (parts, mut body) = request.into_parts();
@@ -261,13 +289,28 @@ where
         Collected::Message(message) => message,
         Collected::Other { read, rest } => {
             let replayed = Replayed::after(read, rest, body);
-            let request = http::Request::from_parts(parts, replayed);
+            let mut request = http::Request::from_parts(parts, replayed);
+            request.extensions_mut().insert(pending.hand_over());
             return match router.call(request).await {
-                Ok(answer) => answer,
+                Ok(answer) => answer.map(Either::Right),
                 Err(never) => match never {},
             };
         }
     };
+    pending.received(1, message.len() as u64);
+    let refused = |status: Status, mut pending: Pending| {
+        pending.handled(status.code() as usize);
+        status.into_http().map(Either::Left)
+    };
+    match admission(&kv.shared.node, parts.uri.path()) {
+        Admission::Now => {}
+        Admission::Refused(status) => return refused(status, pending),
+        Admission::CatchUpFirst => {
+            if let Err(e) = kv.shared.node.caught_up().await {
+                return refused(crate::errors::propose_status(&e), pending);
+            }
+        }
+    }
     let metadata = tonic::metadata::MetadataMap::from_headers(parts.headers);
     let extensions = parts.extensions;
     macro_rules! call {
@@ -275,9 +318,9 @@ where
             match baton_proto::codec::decode_message::<$request>(message) {
                 Ok(m) => {
                     let request = tonic::Request::from_parts(metadata, extensions, m);
-                    answer(kv.$handler(request).await)
+                    answer(kv.$handler(request).await, pending)
                 }
-                Err(status) => status.into_http(),
+                Err(status) => refused(status, pending),
             }
         }};
     }
@@ -289,11 +332,17 @@ where
     }
 }
 
-/// A handler's outcome as tonic's unary path writes it.
-fn answer<M: Message>(outcome: Result<tonic::Response<M>, Status>) -> Answer {
+/// A handler's outcome as tonic's unary path writes it, counted by `pending` as it goes out.
+fn answer<M: Message, RB>(
+    outcome: Result<tonic::Response<M>, Status>,
+    mut pending: Pending,
+) -> Answer<RB> {
     let response = match outcome {
         Ok(response) => response,
-        Err(status) => return status.into_http(),
+        Err(status) => {
+            pending.handled(status.code() as usize);
+            return status.into_http().map(Either::Left);
+        }
     };
     let (metadata, message, extensions) = response.into_parts();
     // The KV handlers set no response metadata; tonic would strip gRPC's reserved headers
@@ -306,10 +355,10 @@ fn answer<M: Message>(outcome: Result<tonic::Response<M>, Status>) -> Answer {
     message
         .encode(&mut framed)
         .expect("the buffer was sized to the message");
-    let mut answer = http::Response::new(tonic::body::Body::new(OneMessage {
+    let mut answer = http::Response::new(Either::Left(tonic::body::Body::new(OneMessage {
         message: Some(framed.freeze()),
-        trailers_sent: false,
-    }));
+        pending: Some(pending),
+    })));
     *answer.version_mut() = http::Version::HTTP_2;
     *answer.extensions_mut() = extensions;
     answer.headers_mut().insert(
@@ -319,10 +368,12 @@ fn answer<M: Message>(outcome: Result<tonic::Response<M>, Status>) -> Answer {
     answer
 }
 
-/// A unary answer's body: the message, then trailers with `grpc-status: 0`.
+/// A unary answer's body: the message, then trailers with `grpc-status: 0`; the call is
+/// counted as it goes (as `Canceled` if the body is dropped before its trailers).
 struct OneMessage {
     message: Option<Bytes>,
-    trailers_sent: bool,
+    /// Until the trailers are sent.
+    pending: Option<Pending>,
 }
 
 impl Body for OneMessage {
@@ -334,12 +385,15 @@ impl Body for OneMessage {
         _cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
         if let Some(message) = self.message.take() {
+            if let Some(pending) = &self.pending {
+                pending.sent(1, (message.len() - PREFIX_LEN) as u64);
+            }
             return Poll::Ready(Some(Ok(Frame::data(message))));
         }
-        if self.trailers_sent {
+        let Some(mut pending) = self.pending.take() else {
             return Poll::Ready(None);
-        }
-        self.trailers_sent = true;
+        };
+        pending.handled(OK_CODE);
         let mut trailers = HeaderMap::with_capacity(1);
         // Writes `grpc-status: 0` (an OK status has no message to add); cannot fail.
         Status::ok("").add_header(&mut trailers)?;
@@ -347,7 +401,7 @@ impl Body for OneMessage {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.trailers_sent
+        self.pending.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -594,16 +648,23 @@ mod tests {
             }),
             prev_kv: None,
         };
-        let answer = answer(Ok(tonic::Response::new(put.clone())));
+        let pending = Pending::start("/etcdserverpb.KV/Put");
+        let answer = answer::<_, ()>(Ok(tonic::Response::new(put.clone())), pending);
         assert_eq!(answer.headers()["content-type"], "application/grpc");
-        let collected = answer.into_body().collect().await.expect("a body");
+        let Either::Left(body) = answer.into_body() else {
+            panic!("an answer of the fast path's own")
+        };
+        let collected = body.collect().await.expect("a body");
         let trailers = collected.trailers().cloned().expect("trailers");
         assert_eq!(trailers["grpc-status"], "0");
         assert!(trailers.get("grpc-message").is_none());
         let bytes = collected.to_bytes();
         assert_eq!(&bytes[..], &prefixed(0, &put.encode_to_vec())[..]);
         // An error is tonic's trailers-only answer.
-        let refused = super::answer::<pb::PutResponse>(Err(Status::invalid_argument("no")));
+        let refused = super::answer::<pb::PutResponse, ()>(
+            Err(Status::invalid_argument("no")),
+            Pending::start("/etcdserverpb.KV/Put"),
+        );
         assert_eq!(refused.headers()["grpc-status"], "3");
         assert_eq!(refused.headers()["grpc-message"], "no");
     }

@@ -97,14 +97,14 @@ pub async fn serve_with_locks(
         )
         .accept_http1(true)
         .layer(protocol::ProtocolSplitLayer::new(http))
+        .layer(kv_fast_path::KvFastPathLayer::new(kv::KvService {
+            shared: shared.clone(),
+        }))
         .layer(metrics_layer::GrpcMetricsLayer)
         .layer(member_guard::MemberGuardLayer {
             node: shared.node.clone(),
         })
         .layer(recv_limit_layer::RecvLimitLayer)
-        .layer(kv_fast_path::KvFastPathLayer::new(kv::KvService {
-            shared: shared.clone(),
-        }))
         .add_routes(routes);
         let mut stop = stop_rx.clone();
         tasks.spawn(async move {
@@ -185,20 +185,19 @@ async fn bind(listener: &conn::ClientListener) -> Result<transport::Incoming, Se
 /// How long a stopping member waits for its client connections to finish their calls.
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// The layers [`grpc_router`] stacks around the services: metrics outermost (it counts
-/// the codes clients see), then the member's guard (a learner refuses; a follower first
-/// applies every write it answered from the leader's apply), then the receive-limit rewrite,
-/// and innermost the unary KV calls' own path past tonic's router and codec.
+/// The layers [`grpc_router`] stacks around the services: outermost the unary KV calls' own
+/// path past tonic's router and codec (it counts, admits and answers the calls it serves as
+/// the layers below would, and hands every other call to them); then metrics (it counts the
+/// codes clients see), then the member's guard (a learner refuses; a follower first applies
+/// every write it answered from the leader's apply), and innermost the receive-limit
+/// rewrite.
 pub type GrpcLayers = tower::layer::util::Stack<
-    kv_fast_path::KvFastPathLayer,
+    recv_limit_layer::RecvLimitLayer,
     tower::layer::util::Stack<
-        recv_limit_layer::RecvLimitLayer,
+        member_guard::MemberGuardLayer,
         tower::layer::util::Stack<
-            member_guard::MemberGuardLayer,
-            tower::layer::util::Stack<
-                metrics_layer::GrpcMetricsLayer,
-                tower::layer::util::Identity,
-            >,
+            metrics_layer::GrpcMetricsLayer,
+            tower::layer::util::Stack<kv_fast_path::KvFastPathLayer, tower::layer::util::Identity>,
         >,
     >,
 >;
@@ -213,14 +212,14 @@ pub fn grpc_router(
         shared.config.max_concurrent_streams,
         shared.config.keepalive,
     )
+    .layer(kv_fast_path::KvFastPathLayer::new(kv::KvService {
+        shared: shared.clone(),
+    }))
     .layer(metrics_layer::GrpcMetricsLayer)
     .layer(member_guard::MemberGuardLayer {
         node: shared.node.clone(),
     })
     .layer(recv_limit_layer::RecvLimitLayer)
-    .layer(kv_fast_path::KvFastPathLayer::new(kv::KvService {
-        shared: shared.clone(),
-    }))
     .add_routes(grpc_routes(shared, locks))
 }
 
@@ -230,14 +229,14 @@ fn gateway_stack(shared: &Shared, routes: tonic::service::Routes) -> gateway::Gr
     use tower::ServiceExt as _;
     let stack = tower::ServiceBuilder::new()
         .map_request(|request: ::http::Request<tonic::body::Body>| request)
+        .layer(kv_fast_path::KvFastPathLayer::new(kv::KvService {
+            shared: shared.clone(),
+        }))
         .layer(metrics_layer::GrpcMetricsLayer)
         .layer(member_guard::MemberGuardLayer {
             node: shared.node.clone(),
         })
         .layer(recv_limit_layer::RecvLimitLayer)
-        .layer(kv_fast_path::KvFastPathLayer::new(kv::KvService {
-            shared: shared.clone(),
-        }))
         .service(routes)
         .map_response(|response: ::http::Response<_>| response.map(tonic::body::Body::new));
     tower::util::BoxCloneSyncService::new(stack)

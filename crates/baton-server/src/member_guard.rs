@@ -19,7 +19,8 @@
 //!
 //! Why one layer and not two: both read the member's state and either answer at once or
 //! pass the call on, and every client call crosses this code — one boxed future per call
-//! instead of two.
+//! instead of two. The unary KV calls cross it as a function ([`admission`]): their own
+//! path (`kv_fast_path`) sits outside this layer and applies the same rule.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -79,6 +80,28 @@ fn served_by_the_leader(path: &str) -> bool {
     )
 }
 
+/// What this member's standing says about a call to `path`.
+pub(crate) enum Admission {
+    /// Answer this status instead of serving the call (a learner).
+    Refused(Status),
+    /// Serve it once [`baton_raft::Node::caught_up`] returns.
+    CatchUpFirst,
+    /// Serve it now.
+    Now,
+}
+
+/// The guard's decision, shared with the unary KV calls' own path
+/// (`kv_fast_path`), which serves those calls outside this layer.
+pub(crate) fn admission(node: &baton_raft::Node, path: &str) -> Admission {
+    if !allowed_on_learner(path) && node.is_learner() {
+        return Admission::Refused(Status::unavailable(NOT_SUPPORTED_FOR_LEARNER));
+    }
+    if !node.owes_apply() || served_by_the_leader(path) {
+        return Admission::Now;
+    }
+    Admission::CatchUpFirst
+}
+
 impl<S, B, RB> Service<http::Request<B>> for MemberGuard<S>
 where
     S: Service<http::Request<B>, Response = http::Response<RB>> + Clone + Send + 'static,
@@ -95,13 +118,13 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let path = req.uri().path();
-        if !allowed_on_learner(path) && self.node.is_learner() {
-            let resp = Status::unavailable(NOT_SUPPORTED_FOR_LEARNER).into_http();
-            return Box::pin(async move { Ok(resp) });
-        }
-        if !self.node.owes_apply() || served_by_the_leader(path) {
-            return Box::pin(self.inner.call(req));
+        match admission(&self.node, req.uri().path()) {
+            Admission::Refused(status) => {
+                let resp = status.into_http();
+                return Box::pin(async move { Ok(resp) });
+            }
+            Admission::Now => return Box::pin(self.inner.call(req)),
+            Admission::CatchUpFirst => {}
         }
         // The service that was made ready goes into the future; a fresh clone stays.
         let fresh = self.inner.clone();

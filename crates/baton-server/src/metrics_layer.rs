@@ -46,13 +46,67 @@ pub struct Pending {
 }
 
 impl Pending {
-    fn handled(&mut self, code: usize) {
+    /// Counts a call to `path` as started, now.
+    pub(crate) fn start(path: &str) -> Pending {
+        let meters = grpc::meters();
+        Pending::begin(meters, meters.method(path))
+    }
+
+    fn begin(meters: &'static GrpcMeters, method: &'static MethodMeters) -> Pending {
+        method.started();
+        #[allow(clippy::disallowed_methods)] // Real latency for /metrics, not a deadline.
+        let start = Instant::now();
+        Pending::started_at(meters, method, start)
+    }
+
+    fn started_at(
+        meters: &'static GrpcMeters,
+        method: &'static MethodMeters,
+        start: Instant,
+    ) -> Pending {
+        Pending {
+            meters,
+            method,
+            start,
+            done: false,
+        }
+    }
+
+    /// Counts `messages` whole messages of `bytes` payload bytes received.
+    pub(crate) fn received(&self, messages: u64, bytes: u64) {
+        self.meters.received(self.method, messages, bytes);
+    }
+
+    /// Counts `messages` whole messages of `bytes` payload bytes sent.
+    pub(crate) fn sent(&self, messages: u64, bytes: u64) {
+        self.meters.sent(self.method, messages, bytes);
+    }
+
+    /// Counts the call as handled with the status code `code` (its number); only the first
+    /// count of a call counts.
+    pub(crate) fn handled(&mut self, code: usize) {
         if !self.done {
             self.done = true;
             self.method
                 .handled(code, self.start.elapsed().as_secs_f64());
         }
     }
+
+    /// Hands the call on to the [`GrpcMetrics`] layer further in, to be counted there to
+    /// its end: the mark goes in the request's extensions; nothing is counted here any
+    /// more.
+    pub(crate) fn hand_over(mut self) -> AlreadyStarted {
+        self.done = true;
+        AlreadyStarted { start: self.start }
+    }
+}
+
+/// In a request's extensions: the call was counted as started, at `start`, by a path
+/// outside this layer (`kv_fast_path`, which serves the unary KV calls itself and passes
+/// on the rest), so [`GrpcMetrics`] goes on from there instead of counting it again.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AlreadyStarted {
+    start: Instant,
 }
 
 impl Drop for Pending {
@@ -73,12 +127,13 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
         let meters = grpc::meters();
         let method = meters.method(req.uri().path());
-        method.started();
-        #[allow(clippy::disallowed_methods)] // Real latency for /metrics, not a deadline.
-        let start = Instant::now();
+        let pending = match req.extensions_mut().remove::<AlreadyStarted>() {
+            Some(started) => Pending::started_at(meters, method, started.start),
+            None => Pending::begin(meters, method),
+        };
         let req = req.map(|inner| CountedRequest {
             inner,
             frames: grpc::Frames::default(),
@@ -87,12 +142,7 @@ where
         });
         MetricsFuture {
             inner: self.inner.call(req),
-            pending: Some(Pending {
-                meters,
-                method,
-                start,
-                done: false,
-            }),
+            pending: Some(pending),
         }
     }
 }

@@ -11,7 +11,8 @@
 //! so a call costs a hash lookup of its path and a few atomic adds.
 //!
 //! What is counted when (go-grpc-prometheus' rules, with tonic's shapes): a call is
-//! *started* when the layer sees it; a message is *received* or *sent* when a whole
+//! *started* when the layer sees it (or, for the unary KV calls, `kv_fast_path` in front of
+//! it, which counts the calls it serves by the same rules); a message is *received* or *sent* when a whole
 //! length-prefixed gRPC message has passed through the request or response body (its
 //! payload bytes, without the 5-byte prefix, are etcd's client gRPC bytes); a call is
 //! *handled* with the status it ends with — from the headers of a trailers-only answer,
@@ -72,6 +73,7 @@ pub(crate) const CODES: [&str; 17] = [
     "DataLoss",
     "Unauthenticated",
 ];
+pub(crate) const OK_CODE: usize = 0;
 pub(crate) const CANCELED: usize = 1;
 pub(crate) const UNKNOWN_CODE: usize = 2;
 

@@ -9,9 +9,10 @@ use std::time::{Duration, Instant};
 
 use baton_proto::baton::v1::{lock_client::LockClient, AcquireRequest, FencedPutRequest};
 use baton_proto::etcdserverpb::{
-    lease_client::LeaseClient, LeaseGrantRequest, LeaseKeepAliveRequest, PutRequest, RangeRequest,
-    RangeResponse,
+    lease_client::LeaseClient, LeaseGrantRequest, LeaseKeepAliveRequest, PutRequest, PutResponse,
+    RangeRequest, RangeResponse,
 };
+use prost::Message as _;
 use tonic::codegen::http::uri::PathAndQuery;
 
 use crate::common::{self, etcdctl, etcdctl_cmd, http_get, Baton, Cluster, Proc};
@@ -197,6 +198,80 @@ async fn every_family_has_help_and_type() {
     let received = value(&body, "etcd_network_client_grpc_received_bytes_total").unwrap();
     // The put's request alone: key "a" and value "1" in a PutRequest.
     assert!(received >= 6.0, "{received}");
+}
+
+/// The unary KV calls are served on their own path past tonic's router, which counts them
+/// itself; a call it hands to tonic after reading its body (here a `Put` whose body holds two
+/// messages) is counted by the metrics layer there. Either way each call is counted once:
+/// started, handled with its code, and its messages and bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_calls_are_counted_once_whichever_path_serves_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Baton::start(&dir.path().join("b"));
+    let bytes_received =
+        |body: &str| value(body, "etcd_network_client_grpc_received_bytes_total").unwrap();
+    let before = bytes_received(&scrape(b.metrics_port).await);
+    let ch = common::channel(&b.endpoint()).await;
+    let put = |key: &str| PutRequest {
+        key: key.into(),
+        value: b"value".to_vec(),
+        ..Default::default()
+    };
+    let path = PathAndQuery::from_static("/etcdserverpb.KV/Put");
+    let codec = || baton_proto::codec::Codec::<PutRequest, PutResponse>::default();
+    for key in ["a", "b", "c"] {
+        let mut grpc = tonic::client::Grpc::new(ch.clone());
+        grpc.ready().await.unwrap();
+        grpc.unary(tonic::Request::new(put(key)), path.clone(), codec())
+            .await
+            .unwrap();
+    }
+    // A refusal on the fast path: an empty key.
+    let mut grpc = tonic::client::Grpc::new(ch.clone());
+    grpc.ready().await.unwrap();
+    let refused = grpc
+        .unary(tonic::Request::new(put("")), path.clone(), codec())
+        .await
+        .expect_err("an empty key");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    // Two messages where one is expected: read by the fast path, then handed to tonic.
+    let mut grpc = tonic::client::Grpc::new(ch.clone());
+    grpc.ready().await.unwrap();
+    let two = futures::stream::iter([put("d"), put("e")]);
+    // tonic serves the first message (as it did before the fast path existed).
+    let handed_on = grpc
+        .client_streaming(tonic::Request::new(two), path.clone(), codec())
+        .await
+        .expect("tonic's answer");
+    assert_eq!(handed_on.get_ref().header.as_ref().unwrap().revision, 5);
+    let body = scrape(b.metrics_port).await;
+    let labels = r#"grpc_method="Put",grpc_service="etcdserverpb.KV",grpc_type="unary""#;
+    let counted = |family: &str| value(&body, &format!("{family}{{{labels}}}")).unwrap_or(0.0);
+    let handled = |code: &str| {
+        value(
+            &body,
+            &format!(r#"grpc_server_handled_total{{grpc_code="{code}",{labels}}}"#),
+        )
+        .unwrap_or(0.0)
+    };
+    assert_eq!(counted("grpc_server_started_total"), 5.0);
+    assert_eq!(handled("InvalidArgument"), 1.0);
+    assert_eq!(handled("OK"), 4.0);
+    assert_eq!(
+        value(
+            &body,
+            &format!(r#"grpc_server_handling_seconds_count{{{labels}}}"#)
+        ),
+        Some(5.0)
+    );
+    // Received: one message per call, two in the last; sent: one per answer with a message.
+    assert_eq!(counted("grpc_server_msg_received_total"), 6.0);
+    assert_eq!(counted("grpc_server_msg_sent_total"), 4.0);
+    let payload = put("a").encoded_len() as f64;
+    assert_eq!(
+        bytes_received(&body) - before,
+        5.0 * payload + put("").encoded_len() as f64
+    );
 }
 
 /// Five calls to made-up paths (services and methods Baton does not serve) add no series:
