@@ -149,6 +149,13 @@ impl Replica {
         if let Some(leader) = self.raft.metrics().borrow().current_leader {
             return Ok(leader);
         }
+        // Boxed: the wait is rare and its state large; every proposal's future holds this
+        // one's (see `Router::route`).
+        Box::pin(self.wait_for_a_leader(deadline)).await
+    }
+
+    /// [`Replica::wait_for_leader`] when none is known yet.
+    async fn wait_for_a_leader(&self, deadline: Instant) -> Result<u64, ProposeError> {
         let remaining = deadline.saturating_duration_since(Instant::now());
         match self
             .raft
@@ -199,6 +206,17 @@ impl Replica {
         if *applied.borrow_and_update() >= index {
             return Ok(());
         }
+        // Boxed: the wait's state is large and rare; reads and proposals await this.
+        Box::pin(self.wait_applied_from(applied, index, deadline)).await
+    }
+
+    /// [`Replica::wait_applied`] once `applied` (a fresh receiver) is below `index`.
+    async fn wait_applied_from(
+        &self,
+        mut applied: tokio::sync::watch::Receiver<u64>,
+        index: u64,
+        deadline: Instant,
+    ) -> Result<(), ProposeError> {
         // openraft's wait, only for its end: the deadline, or this member shutting down
         // (the state machine, and so the sender, outlive the Raft core).
         let remaining = deadline.saturating_duration_since(Instant::now());

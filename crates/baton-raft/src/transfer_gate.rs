@@ -37,7 +37,12 @@ impl TransferGate {
             return;
         }
         let remaining = deadline.saturating_duration_since(Instant::now());
-        let _ = tokio::time::timeout(remaining, rx.wait_for(|active| !*active)).await;
+        // Boxed: rare, and every proposal's future would carry the timer's state otherwise.
+        let _ = Box::pin(tokio::time::timeout(
+            remaining,
+            rx.wait_for(|active| !*active),
+        ))
+        .await;
     }
 }
 
