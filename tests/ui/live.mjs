@@ -18,6 +18,17 @@ try {
   await waitLive(page);
 
   // Members: every one, one leader, each healthy, the one we look through with its watchers.
+  // The watcher count comes from the member's /metrics, scraped with a 1 s bound and read
+  // again every 5 s: on a loaded machine the first scrape may miss, and the page shows the
+  // count at the next reading — wait for it as a user would (the check below still fails if
+  // it never comes).
+  await page
+    .waitForFunction(
+      (name) => /^\d+$/.test(
+        document.querySelector(`tr[data-member="${name}"] [data-watchers]`)?.dataset.watchers ?? ''),
+      expect.viewedMember,
+      { timeout: 15000 })
+    .catch(() => {});
   const members = await page.$$eval('tr[data-member]', (rows) =>
     rows.map((r) => ({
       name: r.dataset.member,
