@@ -109,6 +109,8 @@ impl UnaryKv {
 
 /// `grpc-encoding`, parsed once: a lookup by `&str` parses the name on every call.
 const GRPC_ENCODING: http::HeaderName = http::HeaderName::from_static("grpc-encoding");
+/// `grpc-status`, the answer's trailer.
+const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
 
 /// A request tonic would decode without compression: no `grpc-encoding`, or `identity`.
 fn uncompressed<B>(request: &http::Request<B>) -> bool {
@@ -394,9 +396,11 @@ impl Body for OneMessage {
             return Poll::Ready(None);
         };
         pending.handled(OK_CODE);
+        // What tonic writes for an OK status (`Status::add_header`: no message, no details,
+        // no metadata), without building a `Status` and percent-encoding its empty message
+        // (~600 instructions per call in callgrind, 1 % of a put's).
         let mut trailers = HeaderMap::with_capacity(1);
-        // Writes `grpc-status: 0` (an OK status has no message to add); cannot fail.
-        Status::ok("").add_header(&mut trailers)?;
+        trailers.insert(GRPC_STATUS, http::HeaderValue::from_static("0"));
         Poll::Ready(Some(Ok(Frame::trailers(trailers))))
     }
 
@@ -656,6 +660,11 @@ mod tests {
         };
         let collected = body.collect().await.expect("a body");
         let trailers = collected.trailers().cloned().expect("trailers");
+        let mut tonics = HeaderMap::new();
+        Status::ok("")
+            .add_header(&mut tonics)
+            .expect("an OK status");
+        assert_eq!(trailers, tonics, "the trailers tonic writes for OK");
         assert_eq!(trailers["grpc-status"], "0");
         assert!(trailers.get("grpc-message").is_none());
         let bytes = collected.to_bytes();
