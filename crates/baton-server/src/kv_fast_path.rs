@@ -34,7 +34,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{ready, Context, Poll};
 
 use baton_proto::etcdserverpb as pb;
@@ -49,7 +49,7 @@ use tower::{Layer, Service};
 use crate::kv::KvService;
 use crate::member_guard::{admission, Admission};
 use crate::metrics_layer::Pending;
-use crate::monitor::grpc::OK_CODE;
+use crate::monitor::grpc::{self, MethodMeters, OK_CODE};
 use crate::MAX_GRPC_RECV_BYTES;
 
 /// The gRPC message prefix: a compression flag byte and a big-endian `u32` length.
@@ -96,6 +96,30 @@ enum UnaryKv {
 }
 
 impl UnaryKv {
+    const ALL: [UnaryKv; 4] = [
+        UnaryKv::Range,
+        UnaryKv::Put,
+        UnaryKv::DeleteRange,
+        UnaryKv::Txn,
+    ];
+
+    fn path(self) -> &'static str {
+        match self {
+            UnaryKv::Range => "/etcdserverpb.KV/Range",
+            UnaryKv::Put => "/etcdserverpb.KV/Put",
+            UnaryKv::DeleteRange => "/etcdserverpb.KV/DeleteRange",
+            UnaryKv::Txn => "/etcdserverpb.KV/Txn",
+        }
+    }
+
+    /// The method's metric handles, looked up by path once (the table's lookup hashes the
+    /// path: ~300 instructions a call). Made on the first call, as the table itself is, so
+    /// after the metrics recorder is installed.
+    fn meters(self) -> &'static MethodMeters {
+        static METERS: OnceLock<[&'static MethodMeters; 4]> = OnceLock::new();
+        METERS.get_or_init(|| UnaryKv::ALL.map(|m| grpc::meters().method(m.path())))[self as usize]
+    }
+
     fn of_path(path: &str) -> Option<UnaryKv> {
         Some(match path.strip_prefix("/etcdserverpb.KV/")? {
             "Range" => UnaryKv::Range,
@@ -150,7 +174,7 @@ where
             };
         };
         // Counted from here, as the metrics layer counts a call from when it sees it.
-        let pending = Pending::start(request.uri().path());
+        let pending = Pending::begin(grpc::meters(), method.meters());
         // The router was made ready for this call; the clone left behind is the one asked
         // for readiness next time (tower's rule for services called from a future).
         let ready = self.inner.clone();
@@ -652,7 +676,7 @@ mod tests {
             }),
             prev_kv: None,
         };
-        let pending = Pending::start("/etcdserverpb.KV/Put");
+        let pending = Pending::begin(grpc::meters(), UnaryKv::Put.meters());
         let answer = answer::<_, ()>(Ok(tonic::Response::new(put.clone())), pending);
         assert_eq!(answer.headers()["content-type"], "application/grpc");
         let Either::Left(body) = answer.into_body() else {
@@ -672,10 +696,21 @@ mod tests {
         // An error is tonic's trailers-only answer.
         let refused = super::answer::<pb::PutResponse, ()>(
             Err(Status::invalid_argument("no")),
-            Pending::start("/etcdserverpb.KV/Put"),
+            Pending::begin(grpc::meters(), UnaryKv::Put.meters()),
         );
         assert_eq!(refused.headers()["grpc-status"], "3");
         assert_eq!(refused.headers()["grpc-message"], "no");
+    }
+
+    #[test]
+    fn each_unary_kv_call_has_its_own_path_and_meters() {
+        for method in UnaryKv::ALL {
+            assert_eq!(UnaryKv::of_path(method.path()), Some(method));
+            assert!(std::ptr::eq(
+                method.meters(),
+                grpc::meters().method(method.path())
+            ));
+        }
     }
 
     #[test]

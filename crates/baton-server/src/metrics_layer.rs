@@ -46,13 +46,8 @@ pub struct Pending {
 }
 
 impl Pending {
-    /// Counts a call to `path` as started, now.
-    pub(crate) fn start(path: &str) -> Pending {
-        let meters = grpc::meters();
-        Pending::begin(meters, meters.method(path))
-    }
-
-    fn begin(meters: &'static GrpcMeters, method: &'static MethodMeters) -> Pending {
+    /// Counts a call of `method` (its handles in `meters`) as started, now.
+    pub(crate) fn begin(meters: &'static GrpcMeters, method: &'static MethodMeters) -> Pending {
         method.started();
         #[allow(clippy::disallowed_methods)] // Real latency for /metrics, not a deadline.
         let start = Instant::now();
