@@ -121,13 +121,7 @@ impl UnaryKv {
     }
 
     fn of_path(path: &str) -> Option<UnaryKv> {
-        Some(match path.strip_prefix("/etcdserverpb.KV/")? {
-            "Range" => UnaryKv::Range,
-            "Put" => UnaryKv::Put,
-            "DeleteRange" => UnaryKv::DeleteRange,
-            "Txn" => UnaryKv::Txn,
-            _ => return None,
-        })
+        UnaryKv::ALL.into_iter().find(|m| m.path() == path)
     }
 }
 
@@ -324,10 +318,6 @@ where
         }
     };
     pending.received(1, message.len() as u64);
-    let refused = |status: Status, mut pending: Pending| {
-        pending.handled(status.code() as usize);
-        status.into_http().map(Either::Left)
-    };
     match admission(&kv.shared.node, parts.uri.path()) {
         Admission::Now => {}
         Admission::Refused(status) => return refused(status, pending),
@@ -358,17 +348,20 @@ where
     }
 }
 
+/// A refusal as tonic writes it (trailers only), counted with its code at once.
+fn refused<RB>(status: Status, mut pending: Pending) -> Answer<RB> {
+    pending.handled(status.code() as usize);
+    status.into_http().map(Either::Left)
+}
+
 /// A handler's outcome as tonic's unary path writes it, counted by `pending` as it goes out.
 fn answer<M: Message, RB>(
     outcome: Result<tonic::Response<M>, Status>,
-    mut pending: Pending,
+    pending: Pending,
 ) -> Answer<RB> {
     let response = match outcome {
         Ok(response) => response,
-        Err(status) => {
-            pending.handled(status.code() as usize);
-            return status.into_http().map(Either::Left);
-        }
+        Err(status) => return refused(status, pending),
     };
     let (metadata, message, extensions) = response.into_parts();
     // The KV handlers set no response metadata; tonic would strip gRPC's reserved headers
