@@ -48,17 +48,45 @@ fn go_http_error(status: StatusCode, text: &str) -> axum::response::Response {
         .into_response()
 }
 
-async fn not_found() -> axum::response::Response {
+async fn not_found(body: axum::body::Body) -> axum::response::Response {
+    read_unused_body(body).await;
     go_http_error(StatusCode::NOT_FOUND, "404 page not found")
 }
 
 /// `/health` and `/version` take GET only (etcd: 405 with `Allow: GET`).
-async fn method_not_allowed() -> axum::response::Response {
+async fn method_not_allowed(body: axum::body::Body) -> axum::response::Response {
+    read_unused_body(body).await;
     let mut response = go_http_error(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed");
     response
         .headers_mut()
         .insert("allow", http::HeaderValue::from_static("GET"));
     response
+}
+
+/// The most of a body an answer that does not use it reads first, and for how long.
+const UNUSED_BODY_LIMIT: usize = 64 * 1024;
+const UNUSED_BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Reads what the client is still sending of a body the answer does not use (at most
+/// [`UNUSED_BODY_LIMIT`] bytes, for at most [`UNUSED_BODY_TIMEOUT`]) before answering.
+///
+/// Why: over HTTP/2, an answer finished while the request's body is still arriving makes h2
+/// reset the stream, and a client that has not sent its last frame yet (curl under load)
+/// reports "Stream error in the HTTP/2 framing layer" instead of the 404 or 405 it was sent.
+/// Go's server reads an unused HTTP/1 body (up to 256 KiB) for the same reason.
+async fn read_unused_body(body: axum::body::Body) {
+    use http_body_util::BodyExt as _;
+    let read = async {
+        let mut body = body;
+        let mut seen = 0usize;
+        while seen <= UNUSED_BODY_LIMIT {
+            match body.frame().await {
+                Some(Ok(frame)) => seen += frame.data_ref().map_or(0, |d| d.len()),
+                _ => return,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(UNUSED_BODY_TIMEOUT, read).await;
 }
 
 /// `/health?exclude=NOSPACE&exclude=…`: the alarms the caller does not count.
@@ -122,4 +150,54 @@ async fn version() -> impl IntoResponse {
         [("content-type", "application/json")],
         format!(r#"{{"etcdserver":"{ETCD_API_VERSION}","etcdcluster":"{cluster}.0"}}"#),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body whose frames the test sends, and its end when the sender is dropped.
+    fn streamed_body() -> (
+        tokio::sync::mpsc::Sender<Result<bytes::Bytes, std::io::Error>>,
+        axum::body::Body,
+    ) {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let body = axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+        (tx, body)
+    }
+
+    #[tokio::test]
+    async fn an_error_answer_waits_for_the_body_the_client_is_still_sending() {
+        let (tx, body) = streamed_body();
+        let answer = tokio::spawn(not_found(body));
+        tx.send(Ok(bytes::Bytes::from_static(b"{"))).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(!answer.is_finished(), "answered before the body ended");
+        tx.send(Ok(bytes::Bytes::from_static(b"}"))).await.unwrap();
+        drop(tx);
+        let response = answer.await.unwrap();
+        assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    }
+
+    #[tokio::test]
+    async fn an_error_answer_reads_a_bounded_body_for_a_bounded_time() {
+        // Past the limit it answers without the rest.
+        let (tx, body) = streamed_body();
+        let answer = tokio::spawn(method_not_allowed(body));
+        let chunk = bytes::Bytes::from(vec![0u8; UNUSED_BODY_LIMIT / 4 + 1]);
+        for _ in 0..4 {
+            tx.send(Ok(chunk.clone())).await.unwrap();
+        }
+        let response = tokio::time::timeout(UNUSED_BODY_TIMEOUT / 2, answer)
+            .await
+            .expect("answered once the limit was read")
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+        // A client that stops sending gets its answer after the timeout.
+        let (_silent, body) = streamed_body();
+        let started = tokio::time::Instant::now();
+        let response = not_found(body).await;
+        assert_eq!(response.status(), StatusCode::NOT_FOUND);
+        assert!(started.elapsed() >= UNUSED_BODY_TIMEOUT);
+    }
 }

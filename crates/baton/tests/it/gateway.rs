@@ -20,6 +20,12 @@ pub struct Answer {
     pub body: String,
     /// `1.1` or `2`.
     pub http_version: String,
+    /// What curl printed on stderr (why there is no status, when there is none).
+    #[allow(
+        dead_code,
+        reason = "read through Debug, in failed assertions' messages"
+    )]
+    pub error: String,
 }
 
 impl Answer {
@@ -49,6 +55,7 @@ pub fn curl(args: &[&str]) -> Answer {
         status: status.parse().unwrap_or(0),
         body: body.to_string(),
         http_version: version.to_string(),
+        error: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
 }
 
