@@ -425,8 +425,13 @@ impl Body for OneMessage {
         self.pending.is_none()
     }
 
+    /// A lower bound only: an exact size makes hyper add `content-length` to the answer's
+    /// headers, which neither grpc-go (etcd) nor tonic's own bodies send, and which HPACK
+    /// encodes anew whenever an answer's size differs from the last.
     fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.message.as_ref().map_or(0, |m| m.len() as u64))
+        let mut hint = SizeHint::new();
+        hint.set_lower(self.message.as_ref().map_or(0, |m| m.len() as u64));
+        hint
     }
 }
 

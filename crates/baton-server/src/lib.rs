@@ -21,6 +21,7 @@ pub mod auth_service;
 pub mod authority;
 pub mod baton_v1;
 mod call_session;
+pub mod client_server;
 mod client_verifier;
 pub mod cluster;
 pub mod compactor;
@@ -30,6 +31,7 @@ pub mod election;
 pub mod errors;
 pub mod exactly_once;
 pub mod gateway;
+pub mod grpc_deadline;
 pub mod http;
 pub mod kv;
 pub mod kv_fast_path;
@@ -49,6 +51,8 @@ pub mod v3lock;
 pub mod watch;
 
 use std::net::SocketAddr;
+
+use futures::FutureExt as _;
 
 pub use access::Caller;
 /// The request limits etcd's `--max-request-bytes` and `--max-txn-ops` name. Baton's are
@@ -91,50 +95,51 @@ pub async fn serve_with_locks(
             shared.config.max_concurrent_streams,
         );
         let http = http::router(shared.clone(), metrics.clone()).merge(gateway.router());
-        let router = transport::server_builder(
-            shared.config.max_concurrent_streams,
-            shared.config.keepalive,
-        )
-        .accept_http1(true)
-        .layer(protocol::ProtocolSplitLayer::new(http))
-        .layer(kv_fast_path::KvFastPathLayer::new(kv::KvService {
-            shared: shared.clone(),
-        }))
-        .layer(metrics_layer::GrpcMetricsLayer)
-        .layer(member_guard::MemberGuardLayer {
-            node: shared.node.clone(),
-        })
-        .layer(recv_limit_layer::RecvLimitLayer)
-        .add_routes(routes);
-        let mut stop = stop_rx.clone();
-        tasks.spawn(async move {
-            router
-                .serve_with_incoming_shutdown(incoming, async move {
-                    let _ = stop.wait_for(|s| *s).await;
-                })
-                .await
-                .map_err(|e| ServeError::Transport(e.to_string()))
-        });
+        let grpc = tower::ServiceBuilder::new()
+            .layer(grpc_deadline::GrpcDeadlineLayer)
+            .layer(kv_fast_path::KvFastPathLayer::new(kv::KvService {
+                shared: shared.clone(),
+            }))
+            .layer(metrics_layer::GrpcMetricsLayer)
+            .layer(member_guard::MemberGuardLayer {
+                node: shared.node.clone(),
+            })
+            .layer(recv_limit_layer::RecvLimitLayer)
+            .service(routes.prepare());
+        let service = tower::Layer::layer(&protocol::ProtocolSplitLayer::new(http), grpc);
+        tasks.spawn(
+            client_server::serve(
+                incoming,
+                service,
+                client_server::connection_builder(
+                    shared.config.max_concurrent_streams,
+                    shared.config.keepalive,
+                ),
+                stop_rx.clone(),
+            )
+            .map(Ok),
+        );
     }
     for listener in shared.config.metrics_listeners.clone() {
         let incoming = bind(&listener).await?;
         let http = http::router(shared.clone(), metrics.clone());
-        let router = transport::server_builder(
-            shared.config.max_concurrent_streams,
-            shared.config.keepalive,
-        )
-        .accept_http1(true)
-        .layer(protocol::ProtocolSplitLayer::http_only(http))
-        .add_routes(tonic::service::Routes::default());
-        let mut stop = stop_rx.clone();
-        tasks.spawn(async move {
-            router
-                .serve_with_incoming_shutdown(incoming, async move {
-                    let _ = stop.wait_for(|s| *s).await;
-                })
-                .await
-                .map_err(|e| ServeError::Transport(e.to_string()))
-        });
+        // No gRPC here: the split sends everything to `http`, so the routes are never called.
+        let service = tower::Layer::layer(
+            &protocol::ProtocolSplitLayer::http_only(http),
+            tonic::service::Routes::default().prepare(),
+        );
+        tasks.spawn(
+            client_server::serve(
+                incoming,
+                service,
+                client_server::connection_builder(
+                    shared.config.max_concurrent_streams,
+                    shared.config.keepalive,
+                ),
+                stop_rx.clone(),
+            )
+            .map(Ok),
+        );
     }
     tracing::info!(
         client = ?shared.config.client_listeners.iter().map(|l| l.addr).collect::<Vec<_>>(),

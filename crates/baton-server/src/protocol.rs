@@ -3,10 +3,12 @@
 //! `content-type` of `application/grpc…`, and goes to the gRPC stack; every other request —
 //! HTTP/1.1 (curl, load balancers' health checks, the JSON gateway's clients) and HTTP/2
 //! without that content type — goes to the HTTP router (`/health`, `/metrics`, `/version`,
-//! the gateway). The connection underneath is tonic's with `accept_http1`: hyper tells
+//! the gateway). The connection underneath is hyper's ([`crate::client_server`]): it tells
 //! HTTP/1.1 from HTTP/2 by the connection preface (TLS offers both through ALPN), and the
 //! client port's HTTP/2 settings, keep-alive, GOAWAY records and client certificates
-//! (`ClientConnectInfo`, in every request's extensions) hold for both.
+//! (`ClientConnectInfo`, in every request's extensions) hold for both. HTTP answers carry a
+//! `date` on both versions (hyper writes HTTP/1.1's; HTTP/2's is added here), gRPC answers
+//! none, as from etcd.
 //!
 //! The layer sits outside the gRPC layers (metrics, learner guard, receive limit), so those
 //! see gRPC calls only. Per request it costs a version compare and a header prefix check;
@@ -96,6 +98,7 @@ where
             }
         } else {
             SplitFuture::Http {
+                dated: request.version() != http::Version::HTTP_2,
                 future: Service::call(&mut self.http, request),
             }
         }
@@ -107,7 +110,12 @@ pin_project_lite::pin_project! {
     #[project = SplitProjection]
     pub enum SplitFuture<G> {
         Grpc { #[pin] future: G },
-        Http { #[pin] future: axum::routing::future::RouteFuture<Infallible> },
+        Http {
+            #[pin]
+            future: axum::routing::future::RouteFuture<Infallible>,
+            // Whether hyper adds the answer's `date` (HTTP/1.1; see `client_server`).
+            dated: bool,
+        },
     }
 }
 
@@ -122,10 +130,30 @@ where
             SplitProjection::Grpc { future } => future
                 .poll(cx)
                 .map(|r| r.map(|response| response.map(Either::Left))),
-            SplitProjection::Http { future } => future.poll(cx).map(|r| match r {
-                Ok(response) => Ok(response.map(Either::Right)),
+            SplitProjection::Http { future, dated } => future.poll(cx).map(|r| match r {
+                Ok(mut response) => {
+                    if !*dated {
+                        add_date(response.headers_mut());
+                    }
+                    Ok(response.map(Either::Right))
+                }
                 Err(never) => match never {},
             }),
+        }
+    }
+}
+
+/// An HTTP answer's `date` (RFC 9110 §6.6.1: an origin server with a clock sends one; Go's
+/// server does on HTTP/1.1 and HTTP/2 alike), unless the handler set its own.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the transport's clock, as hyper's own `date` on HTTP/1.1: no state depends on it"
+)]
+fn add_date(headers: &mut http::HeaderMap) {
+    if !headers.contains_key(http::header::DATE) {
+        let now = httpdate::fmt_http_date(std::time::SystemTime::now());
+        if let Ok(value) = http::HeaderValue::from_str(&now) {
+            headers.insert(http::header::DATE, value);
         }
     }
 }
