@@ -68,8 +68,11 @@ pub async fn serve<S, B>(
     builder: auto::Builder<TokioExecutor>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) where
-    S: Service<http::Request<tonic::body::Body>, Response = http::Response<B>, Error = Infallible>
-        + Clone
+    S: Service<
+            http::Request<hyper::body::Incoming>,
+            Response = http::Response<B>,
+            Error = Infallible,
+        > + Clone
         + Send
         + 'static,
     S::Future: Send + 'static,
@@ -108,8 +111,11 @@ async fn serve_connection<S, B>(
     service: WithConnectInfo<S>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) where
-    S: Service<http::Request<tonic::body::Body>, Response = http::Response<B>, Error = Infallible>
-        + Clone
+    S: Service<
+            http::Request<hyper::body::Incoming>,
+            Response = http::Response<B>,
+            Error = Infallible,
+        > + Clone
         + Send
         + 'static,
     S::Future: Send + 'static,
@@ -136,8 +142,8 @@ async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-/// The service of one connection: each request gets the connection's [`ClientConnectInfo`]
-/// and a body the gRPC stack takes.
+/// The service of one connection: each request gets the connection's [`ClientConnectInfo`].
+/// Its body stays hyper's own (not boxed): the KV calls' own path reads it directly.
 #[derive(Clone)]
 struct WithConnectInfo<S> {
     info: ClientConnectInfo,
@@ -146,7 +152,7 @@ struct WithConnectInfo<S> {
 
 impl<S> Service<http::Request<hyper::body::Incoming>> for WithConnectInfo<S>
 where
-    S: Service<http::Request<tonic::body::Body>>,
+    S: Service<http::Request<hyper::body::Incoming>>,
 {
     type Response = S::Response;
     type Error = S::Error;
@@ -156,8 +162,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<hyper::body::Incoming>) -> Self::Future {
-        let mut request = request.map(tonic::body::Body::new);
+    fn call(&mut self, mut request: http::Request<hyper::body::Incoming>) -> Self::Future {
         request.extensions_mut().insert(self.info.clone());
         self.inner.call(request)
     }

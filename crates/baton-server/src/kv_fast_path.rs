@@ -139,7 +139,7 @@ fn uncompressed<B>(request: &http::Request<B>) -> bool {
 }
 
 /// An answer: this path's own (left), or the router's (right).
-type Answer<RB> = http::Response<Either<tonic::body::Body, RB>>;
+type Answer<RB> = http::Response<Either<OneMessage, RB>>;
 
 impl<S, B, RB> Service<http::Request<B>> for KvFastPath<S>
 where
@@ -374,10 +374,10 @@ fn answer<M: Message, RB>(
     message
         .encode(&mut framed)
         .expect("the buffer was sized to the message");
-    let mut answer = http::Response::new(Either::Left(tonic::body::Body::new(OneMessage {
+    let mut answer = http::Response::new(Either::Left(OneMessage {
         message: Some(framed.freeze()),
         pending: Some(pending),
-    })));
+    }));
     *answer.version_mut() = http::Version::HTTP_2;
     *answer.extensions_mut() = extensions;
     answer.headers_mut().insert(
@@ -388,8 +388,11 @@ fn answer<M: Message, RB>(
 }
 
 /// A unary answer's body: the message, then trailers with `grpc-status: 0`; the call is
-/// counted as it goes (as `Canceled` if the body is dropped before its trailers).
-struct OneMessage {
+/// counted as it goes (as `Canceled` if the body is dropped before its trailers). Empty
+/// (the default) under a refusal's trailers-only headers. Not boxed into tonic's body: hyper
+/// polls it through two enums, not a vtable.
+#[derive(Default)]
+pub struct OneMessage {
     message: Option<Bytes>,
     /// Until the trailers are sent.
     pending: Option<Pending>,

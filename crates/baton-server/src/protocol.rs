@@ -78,9 +78,11 @@ pub fn is_grpc<B>(request: &http::Request<B>) -> bool {
             .is_some_and(|ct| ct.as_bytes().starts_with(b"application/grpc"))
 }
 
-impl<S, B> Service<http::Request<tonic::body::Body>> for ProtocolSplit<S>
+impl<S, ReqBody, B> Service<http::Request<ReqBody>> for ProtocolSplit<S>
 where
-    S: Service<http::Request<tonic::body::Body>, Response = http::Response<B>>,
+    S: Service<http::Request<ReqBody>, Response = http::Response<B>>,
+    ReqBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    ReqBody::Error: Into<axum::BoxError>,
 {
     type Response = http::Response<Either<B, axum::body::Body>>;
     type Error = S::Error;
@@ -91,7 +93,7 @@ where
         self.grpc.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+    fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
         if self.serve_grpc && is_grpc(&request) {
             SplitFuture::Grpc {
                 future: self.grpc.call(request),
