@@ -86,15 +86,26 @@ pub async fn serve<S, B>(
             () = stopped(&mut stop) => break,
             accepted = incoming.next() => {
                 let Some(Ok(io)) = accepted else { break };
-                let connection = WithConnectInfo {
+                let service = TowerToHyperService::new(WithConnectInfo {
                     info: io.connect_info(),
                     inner: service.clone(),
-                };
+                });
                 let builder = builder.clone();
-                let stopping = stop.clone();
+                let mut stop = stop.clone();
                 let open = open_rx.clone();
                 tokio::spawn(async move {
-                    serve_connection(builder, io, connection, stopping).await;
+                    let connection = builder.serve_connection(TokioIo::new(io), service);
+                    tokio::pin!(connection);
+                    let finished = tokio::select! {
+                        finished = connection.as_mut() => finished,
+                        () = stopped(&mut stop) => {
+                            connection.as_mut().graceful_shutdown();
+                            connection.await
+                        }
+                    };
+                    if let Err(error) = finished {
+                        tracing::debug!(%error, "a client connection ended with an error");
+                    }
                     drop(open);
                 });
             }
@@ -103,37 +114,6 @@ pub async fn serve<S, B>(
     drop(incoming);
     drop(open_rx);
     open_tx.closed().await;
-}
-
-async fn serve_connection<S, B>(
-    builder: auto::Builder<TokioExecutor>,
-    io: crate::transport::RecordedStream,
-    service: WithConnectInfo<S>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) where
-    S: Service<
-            http::Request<hyper::body::Incoming>,
-            Response = http::Response<B>,
-            Error = Infallible,
-        > + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let connection = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
-    tokio::pin!(connection);
-    let finished = tokio::select! {
-        finished = connection.as_mut() => finished,
-        () = stopped(&mut stop) => {
-            connection.as_mut().graceful_shutdown();
-            connection.await
-        }
-    };
-    if let Err(error) = finished {
-        tracing::debug!(%error, "a client connection ended with an error");
-    }
 }
 
 /// Resolves once `stop` is true (or its sender is gone). The watch's read guard is dropped

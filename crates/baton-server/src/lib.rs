@@ -87,6 +87,10 @@ pub async fn serve_with_locks(
     });
 
     let mut tasks = tokio::task::JoinSet::new();
+    let builder = client_server::connection_builder(
+        shared.config.max_concurrent_streams,
+        shared.config.keepalive,
+    );
     for client in shared.config.client_listeners.clone() {
         let incoming = bind(&client).await?;
         let routes = grpc_routes(&shared, &locks);
@@ -95,29 +99,14 @@ pub async fn serve_with_locks(
             shared.config.max_concurrent_streams,
         );
         let http = http::router(shared.clone(), metrics.clone()).merge(gateway.router());
+        // Outermost the client's `grpc-timeout` (tonic's server honoured it for every call).
         let grpc = tower::ServiceBuilder::new()
             .layer(grpc_deadline::GrpcDeadlineLayer)
-            .layer(kv_fast_path::KvFastPathLayer::new(kv::KvService {
-                shared: shared.clone(),
-            }))
-            .layer(metrics_layer::GrpcMetricsLayer)
-            .layer(member_guard::MemberGuardLayer {
-                node: shared.node.clone(),
-            })
-            .layer(recv_limit_layer::RecvLimitLayer)
+            .layer(grpc_layers(&shared))
             .service(routes.prepare());
         let service = tower::Layer::layer(&protocol::ProtocolSplitLayer::new(http), grpc);
         tasks.spawn(
-            client_server::serve(
-                incoming,
-                service,
-                client_server::connection_builder(
-                    shared.config.max_concurrent_streams,
-                    shared.config.keepalive,
-                ),
-                stop_rx.clone(),
-            )
-            .map(Ok),
+            client_server::serve(incoming, service, builder.clone(), stop_rx.clone()).map(Ok),
         );
     }
     for listener in shared.config.metrics_listeners.clone() {
@@ -129,16 +118,7 @@ pub async fn serve_with_locks(
             tonic::service::Routes::default().prepare(),
         );
         tasks.spawn(
-            client_server::serve(
-                incoming,
-                service,
-                client_server::connection_builder(
-                    shared.config.max_concurrent_streams,
-                    shared.config.keepalive,
-                ),
-                stop_rx.clone(),
-            )
-            .map(Ok),
+            client_server::serve(incoming, service, builder.clone(), stop_rx.clone()).map(Ok),
         );
     }
     tracing::info!(
@@ -212,28 +192,21 @@ pub type GrpcLayers = tower::layer::util::Stack<
 pub fn grpc_router(
     shared: &Shared,
     locks: &locks::LockEngine,
-) -> tonic::transport::server::Router<GrpcLayers> {
+) -> tonic::transport::server::Router<
+    tower::layer::util::Stack<GrpcLayers, tower::layer::util::Identity>,
+> {
     transport::server_builder(
         shared.config.max_concurrent_streams,
         shared.config.keepalive,
     )
-    .layer(kv_fast_path::KvFastPathLayer::new(kv::KvService {
-        shared: shared.clone(),
-    }))
-    .layer(metrics_layer::GrpcMetricsLayer)
-    .layer(member_guard::MemberGuardLayer {
-        node: shared.node.clone(),
-    })
-    .layer(recv_limit_layer::RecvLimitLayer)
+    .layer(grpc_layers(shared))
     .add_routes(grpc_routes(shared, locks))
 }
 
-/// The gRPC stack [`serve`] runs on a client port, as the JSON gateway calls it: the same
-/// layers, in the same order, around the same services.
-fn gateway_stack(shared: &Shared, routes: tonic::service::Routes) -> gateway::GrpcService {
-    use tower::ServiceExt as _;
-    let stack = tower::ServiceBuilder::new()
-        .map_request(|request: ::http::Request<tonic::body::Body>| request)
+/// The [`GrpcLayers`] over `shared`: one definition for the client port, the gateway and the
+/// simulation alike.
+fn grpc_layers(shared: &Shared) -> GrpcLayers {
+    tower::ServiceBuilder::new()
         .layer(kv_fast_path::KvFastPathLayer::new(kv::KvService {
             shared: shared.clone(),
         }))
@@ -242,6 +215,16 @@ fn gateway_stack(shared: &Shared, routes: tonic::service::Routes) -> gateway::Gr
             node: shared.node.clone(),
         })
         .layer(recv_limit_layer::RecvLimitLayer)
+        .into_inner()
+}
+
+/// The gRPC stack [`serve`] runs on a client port, as the JSON gateway calls it: the same
+/// layers, in the same order, around the same services.
+fn gateway_stack(shared: &Shared, routes: tonic::service::Routes) -> gateway::GrpcService {
+    use tower::ServiceExt as _;
+    let stack = tower::ServiceBuilder::new()
+        .map_request(|request: ::http::Request<tonic::body::Body>| request)
+        .layer(grpc_layers(shared))
         .service(routes)
         .map_response(|response: ::http::Response<_>| response.map(tonic::body::Body::new));
     tower::util::BoxCloneSyncService::new(stack)
