@@ -85,7 +85,16 @@ pub async fn serve<S, B>(
         tokio::select! {
             () = stopped(&mut stop) => break,
             accepted = incoming.next() => {
-                let Some(Ok(io)) = accepted else { break };
+                let io = match accepted {
+                    Some(Ok(io)) => io,
+                    // `Incoming` retries failed accepts itself (backing off); an error that
+                    // reaches here is one connection's, not the listener's.
+                    Some(Err(error)) => {
+                        tracing::debug!(%error, "a connection could not be accepted");
+                        continue;
+                    }
+                    None => break,
+                };
                 let service = TowerToHyperService::new(WithConnectInfo {
                     info: io.connect_info(),
                     inner: service.clone(),
