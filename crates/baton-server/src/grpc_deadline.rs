@@ -52,7 +52,8 @@ where
     }
 
     fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
-        // A header that does not parse is ignored, as by tonic and grpc-go.
+        // A header that does not parse is ignored, as tonic did (grpc-go refuses the call
+        // with INTERNAL "malformed grpc-timeout"; gRPC libraries never send one).
         let deadline = client_timeout(request.headers()).map(tokio::time::sleep);
         DeadlineFuture {
             inner: self.inner.call(request),
